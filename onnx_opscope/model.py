@@ -69,12 +69,16 @@ def _check_header(model: ModelProto, path: Path) -> None:
     if not model.HasField("graph") or model.ir_version == 0 or not model.opset_import:
         raise OpscopeError(f"{path}: not an ONNX model (no graph, IR version or opset)")
     if model.ir_version < MIN_IR_VERSION:
-        raise OpscopeError(f"{path}: IR version {model.ir_version} is too old (need {MIN_IR_VERSION}+)",
-                           hint="re-export the model with a current exporter")
+        raise OpscopeError(
+            f"{path}: IR version {model.ir_version} is too old (need {MIN_IR_VERSION}+)",
+            hint="re-export the model with a current exporter",
+        )
     if model.ir_version > onnx.IR_VERSION:
         raise OpscopeError(
             f"{path}: IR version {model.ir_version} is newer than this onnx {onnx.__version__} "
-            f"reads (up to {onnx.IR_VERSION})", hint="upgrade onnx and onnxruntime")
+            f"reads (up to {onnx.IR_VERSION})",
+            hint="upgrade onnx and onnxruntime",
+        )
 
 
 def iter_graphs(graph: GraphProto, path: str = "") -> Iterator[tuple[str, GraphProto]]:
@@ -139,7 +143,8 @@ def check_external_data(model: ModelProto, base_dir: str | os.PathLike, name: st
         if Path(loc).is_absolute() or not target.is_relative_to(base):
             raise OpscopeError(
                 f"{name}: tensor {t.name!r} points outside the model's folder ({loc!r})",
-                hint="external data must live in the model's folder or below it")
+                hint="external data must live in the model's folder or below it",
+            )
         if loc not in sizes:
             if not target.is_file():
                 raise OpscopeError(f"{name}: external data file {loc!r} is missing (tensor {t.name!r})")
@@ -148,11 +153,17 @@ def check_external_data(model: ModelProto, base_dir: str | os.PathLike, name: st
         if end > sizes[loc]:
             raise OpscopeError(
                 f"{name}: external data file {loc!r} is truncated: tensor {t.name!r} needs bytes up to "
-                f"{end}, file has {sizes[loc]}")
+                f"{end}, file has {sizes[loc]}"
+            )
 
 
-def save_model(model: ModelProto, path: str | os.PathLike, *, base_dir: str | os.PathLike | None = None,
-               copy_external: bool = False) -> Path:
+def save_model(
+    model: ModelProto,
+    path: str | os.PathLike,
+    *,
+    base_dir: str | os.PathLike | None = None,
+    copy_external: bool = False,
+) -> Path:
     """Write `model` to `path`, keeping external weights where they are.
 
     `base_dir` is the folder the model's external locations are relative to (the source
@@ -172,8 +183,14 @@ def save_model(model: ModelProto, path: str | os.PathLike, *, base_dir: str | os
             for loc in files:
                 _place_data_file(src_dir / loc, dst_dir / loc, copy_external)
     if model.ByteSize() > _PROTO_LIMIT:
-        onnx.save(model, str(out), save_as_external_data=True, all_tensors_to_one_file=True,
-                  location=out.name + ".data", size_threshold=1024)
+        onnx.save(
+            model,
+            str(out),
+            save_as_external_data=True,
+            all_tensors_to_one_file=True,
+            location=out.name + ".data",
+            size_threshold=1024,
+        )
     else:
         with open(out, "wb") as f:
             f.write(model.SerializeToString())
@@ -195,8 +212,10 @@ def _place_data_file(src: Path, dst: Path, copy: bool) -> None:
         try:
             os.symlink(src, dst)
         except OSError as exc:
-            raise OpscopeError(f"cannot link external data {src.name} next to {dst.parent}: {exc.strerror}",
-                               hint="save beside the original model, or ask for a copy of the data") from None
+            raise OpscopeError(
+                f"cannot link external data {src.name} next to {dst.parent}: {exc.strerror}",
+                hint="save beside the original model, or ask for a copy of the data",
+            ) from None
 
 
 def file_sha256(path: str | os.PathLike) -> str:

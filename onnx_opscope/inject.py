@@ -1,0 +1,351 @@
+"""Apply sketches at sites: the instrumented model and its manifest.
+
+`inject` copies the model (the input is left untouched; external weights are referenced,
+never loaded), appends one tap subgraph per tapped tensor and exposes its raw outputs as
+extra graph outputs after the original ones, whose names and order do not change.
+
+Placement: by default each tap's nodes go right after the node producing the tensor
+(`placement="producer"`), so onnxruntime can free the intermediate as early as it would
+without the tap; `placement="end"` appends them after every original node instead (what
+naive instrumentation does: it keeps intermediates alive to the end of the run).
+
+Subgraphs: a tap inside an `If` branch becomes a new output of that branch (the other
+branch returns an empty tensor, which decodes as "did not run") and of the `If` node; a tap
+inside a `Loop` or `Scan` body becomes a new scan output, so its values come back once per
+iteration, stacked on a leading axis, and are merged across iterations on the host with
+each sketch's merge rule (min of mins, sums of sums, per-iteration means weighted by size).
+Nested subgraphs repeat this up to the main graph.
+"""
+
+from __future__ import annotations
+
+from dataclasses import asdict, dataclass
+from pathlib import Path
+
+import numpy as np
+import onnx
+from onnx import GraphProto, ModelProto, NodeProto, TensorProto, helper, numpy_helper
+
+from . import sketches as sk
+from .errors import OpscopeError
+from .manifest import Manifest, SiteRecord, TapRecord
+from .model import ModelLike, file_sha256, load_model, model_sha256, opset_version
+from .ops import MIN_OPSET, Builder
+from .sites import Selection, Site, find_sites, select
+
+PLACEMENTS = ("producer", "end")
+
+
+@dataclass
+class _GraphCtx:
+    graph: GraphProto
+    owner: NodeProto | None
+    attr: str | None
+    parent: str | None
+
+
+def _contexts(model: ModelProto) -> dict[str, _GraphCtx]:
+    """Path -> graph, with the node that owns it; paths match sites.find_sites."""
+    out = {"": _GraphCtx(model.graph, None, None, None)}
+
+    def walk(graph: GraphProto, path: str) -> None:
+        for i, node in enumerate(graph.node):
+            for attr in node.attribute:
+                if attr.type != onnx.AttributeProto.GRAPH:
+                    continue
+                owner = node.name or f"{node.op_type}_{i}"
+                sub_path = f"{path}/{owner}/{attr.name}".lstrip("/")
+                out[sub_path] = _GraphCtx(attr.g, node, attr.name, path)
+                walk(attr.g, sub_path)
+
+    walk(model.graph, "")
+    return out
+
+
+@dataclass
+class _TypeInfo:
+    elem_type: int
+    rank: int | None
+    numel: int | None
+
+
+def _type_table(model: ModelProto) -> dict[str, dict[str, _TypeInfo]]:
+    """Per graph path, tensor -> (elem type, rank, static numel), from onnx shape inference."""
+    try:
+        inferred = onnx.shape_inference.infer_shapes(model, strict_mode=False)
+    except Exception:  # shape inference is best effort: fall back to what the model declares
+        inferred = model
+    table: dict[str, dict[str, _TypeInfo]] = {}
+    for path, ctx in _contexts(inferred).items():
+        types: dict[str, _TypeInfo] = {}
+        g = ctx.graph
+        for vi in [*g.input, *g.output, *g.value_info]:
+            tt = vi.type.tensor_type
+            if not vi.type.HasField("tensor_type"):
+                continue
+            rank = len(tt.shape.dim) if tt.HasField("shape") else None
+            dims = (
+                [d.dim_value if d.HasField("dim_value") else None for d in tt.shape.dim]
+                if rank is not None
+                else None
+            )
+            numel = int(np.prod(dims)) if dims is not None and all(d is not None for d in dims) else None
+            types[vi.name] = _TypeInfo(tt.elem_type, rank, numel)
+        for init in g.initializer:
+            types[init.name] = _TypeInfo(init.data_type, len(init.dims), int(np.prod(init.dims)))
+        for node in g.node:
+            if node.op_type == "Constant":
+                for a in node.attribute:
+                    if a.name == "value" and a.type == onnx.AttributeProto.TENSOR:
+                        types[node.output[0]] = _TypeInfo(
+                            a.t.data_type, len(a.t.dims), int(np.prod(a.t.dims))
+                        )
+        table[path] = types
+    return table
+
+
+def _lookup(
+    table: dict[str, dict[str, _TypeInfo]], ctxs: dict[str, _GraphCtx], path: str, name: str
+) -> _TypeInfo | None:
+    while path is not None:
+        if name in table.get(path, {}):
+            return table[path][name]
+        path = ctxs[path].parent if path in ctxs else None
+    return None
+
+
+def _constants(ctxs: dict[str, _GraphCtx]) -> dict[str, set[str]]:
+    out = {}
+    for path, ctx in ctxs.items():
+        names = {i.name for i in ctx.graph.initializer}
+        names |= {n.output[0] for n in ctx.graph.node if n.op_type == "Constant"}
+        out[path] = names
+    return out
+
+
+def _all_names(model: ModelProto, ctxs: dict[str, _GraphCtx]) -> set[str]:
+    names: set[str] = set()
+    for ctx in ctxs.values():
+        g = ctx.graph
+        names.update(i.name for i in g.input)
+        names.update(i.name for i in g.initializer)
+        for n in g.node:
+            names.update(n.output)
+            names.update(n.input)
+            names.add(n.name)
+    return names
+
+
+def inject(
+    model: ModelLike,
+    sites: list[Site] | Selection | None = None,
+    sketches: list[str] | None = None,
+    options: sk.SketchOptions | None = None,
+    placement: str = "producer",
+) -> tuple[ModelProto, Manifest]:
+    """Instrument `model`: returns (a new instrumented ModelProto, its Manifest); the input is not changed.
+
+    `sites`: a list from `find_sites`/`select`, a `Selection`, or None for every site.
+    `sketches`: names from the registry (None: the default set). External weights stay where
+    they are: save the result with `model.save_model(..., base_dir=<source folder>)`.
+    """
+    options = options or sk.SketchOptions()
+    if placement not in PLACEMENTS:
+        raise OpscopeError(f"placement must be one of {PLACEMENTS}, not {placement!r}")
+    names = sk.resolve(sketches)
+    source = load_model(model)
+    src_label = str(model) if not isinstance(model, ModelProto) else "<in-memory>"
+    src_hash = file_sha256(model) if not isinstance(model, ModelProto) else model_sha256(source)
+    opset = opset_version(source)
+    if opset < MIN_OPSET:
+        raise OpscopeError(
+            f"model uses opset {opset}; tapping needs opset {MIN_OPSET} or newer",
+            hint="convert it with onnx.version_converter.convert_version(model, 13)",
+        )
+    m = ModelProto()
+    m.CopyFrom(source)
+    ctxs = _contexts(m)
+    types = _type_table(m)
+    if sites is None or isinstance(sites, Selection):
+        found = find_sites(m)
+        if not found:
+            raise OpscopeError(
+                "the model has no tappable site (MatMul, Gemm, Conv, ConvTranspose, LSTM, GRU, "
+                "RNN, MatMulInteger, QLinearMatMul), subgraphs included"
+            )
+        numel = {
+            t.tensor: ti.numel
+            for s in found
+            for t in s.taps
+            if (ti := _lookup(types, ctxs, s.graph, t.tensor)) is not None and ti.numel is not None
+        }
+        sites = select(found, sites or Selection(), numel)
+    constants = _constants(ctxs)
+    taken = _all_names(m, ctxs)
+    n_original = len(m.graph.output)
+
+    taps: dict[tuple, TapRecord] = {}
+    inserts: dict[str, dict[int, list[NodeProto]]] = {}
+    site_records = []
+    for site in sites:
+        roles: dict[str, str] = {}
+        shape_roles: dict[str, str] = {}
+        for tap, only_shape in [(t, False) for t in site.taps] + [(t, True) for t in site.shape_only]:
+            ti = _lookup(types, ctxs, site.graph, tap.tensor)
+            elem = ti.elem_type if ti and ti.elem_type else TensorProto.UNDEFINED
+            info = sk.TapInfo(ti.rank if ti else None, elem, tap.channel_axis, tap.seq_axis)
+            key = (site.graph, tap.tensor, tap.channel_axis, tap.seq_axis, only_shape)
+            if key not in taps:
+                chosen = [] if only_shape else sk.sketches_for(names, info)
+                raws = ["shape"] if only_shape else sk.raws_for(chosen, info, options)
+                is_const = _is_constant(constants, ctxs, site.graph, tap.tensor)
+                b = Builder(opset, f"opscope_t{len(taps)}_", taken)
+                out = sk.build_tap(b, tap.tensor, info, raws, options, constant=is_const)
+                pos = _insert_position(ctxs[site.graph].graph, tap.tensor, placement)
+                inserts.setdefault(site.graph, {}).setdefault(pos, []).extend(b.nodes)
+                taps[key] = TapRecord(
+                    f"t{len(taps)}",
+                    tap.tensor,
+                    site.graph,
+                    info.rank,
+                    elem,
+                    tap.channel_axis,
+                    tap.seq_axis,
+                    ti.numel if ti else None,
+                    is_const,
+                    0,
+                    chosen,
+                    out,
+                )
+            (shape_roles if only_shape else roles)[tap.role] = taps[key].id
+        site_records.append(
+            SiteRecord(
+                site.id, site.op_type, site.node, site.graph, site.order, roles, shape_roles, dict(site.attrs)
+            )
+        )
+
+    # Deepest graphs first: splicing a graph copies its nodes, subgraphs included, so an
+    # outer graph must be spliced after everything inside it; then look the graphs up again.
+    for path in sorted(inserts, key=lambda p: -p.count("/")):
+        _splice(ctxs[path].graph, inserts[path])
+    ctxs = _contexts(m)
+    for tap in taps.values():
+        for raw, name in list(tap.outputs.items()):
+            elem = sk.RAW_DTYPE.get(raw, TensorProto.FLOAT)
+            tap.outputs[raw], tap.stacked = _expose(
+                ctxs, tap.graph, name, elem, sk.raw_rank(raw), taken, opset
+            )
+
+    manifest = Manifest(
+        src_label,
+        src_hash,
+        opset,
+        [o.name for o in m.graph.output[:n_original]],
+        names,
+        _options_dict(options),
+        placement,
+        site_records,
+        list(taps.values()),
+    )
+    return m, manifest
+
+
+def _options_dict(o: sk.SketchOptions) -> dict:
+    d = asdict(o)
+    if d["hist_range"] is not None:
+        d["hist_range"] = list(d["hist_range"])
+    return d
+
+
+def _is_constant(
+    constants: dict[str, set[str]], ctxs: dict[str, _GraphCtx], path: str | None, name: str
+) -> bool:
+    while path is not None:
+        if name in constants.get(path, set()):
+            return True
+        path = ctxs[path].parent
+    return False
+
+
+def _insert_position(graph: GraphProto, tensor: str, placement: str) -> int:
+    """Index of the node after which the tap goes: its producer, -1 for inputs, the last node for 'end'."""
+    if placement == "end":
+        return len(graph.node) - 1
+    for i, node in enumerate(graph.node):
+        if tensor in node.output:
+            return i
+    return -1
+
+
+def _splice(graph: GraphProto, by_pos: dict[int, list[NodeProto]]) -> None:
+    nodes = list(by_pos.get(-1, []))
+    for i, node in enumerate(graph.node):
+        nodes.append(node)
+        nodes.extend(by_pos.get(i, []))
+    new = [NodeProto() for _ in nodes]
+    for dst, src in zip(new, nodes):
+        dst.CopyFrom(src)
+    del graph.node[:]
+    graph.node.extend(new)
+
+
+def _expose(
+    ctxs: dict[str, _GraphCtx], path: str, name: str, elem: int, rank: int, taken: set[str], opset: int
+) -> tuple[str, int]:
+    """Carry output `name` of subgraph `path` up to the main graph; returns (main name, Loop/Scan levels)."""
+    stacked = 0
+    b = Builder(opset, "opscope_x_", taken)
+    while path:
+        ctx = ctxs[path]
+        ctx.graph.output.append(helper.make_tensor_value_info(name, elem, [None] * (rank + stacked)))
+        owner = ctx.owner
+        if owner.op_type == "If":
+            other_attr = "else_branch" if ctx.attr == "then_branch" else "then_branch"
+            other = next(a.g for a in owner.attribute if a.name == other_attr)
+            dummy = b.fresh("not_run")
+            dtype = np.int64 if elem == TensorProto.INT64 else np.float32
+            r = rank + stacked
+            empty = np.full((), np.nan, dtype) if r == 0 else np.zeros([0] * r, dtype)
+            other.node.append(
+                helper.make_node(
+                    "Constant",
+                    [],
+                    [dummy],
+                    name=b.fresh("n_not_run"),
+                    value=numpy_helper.from_array(empty, dummy),
+                )
+            )
+            other.output.append(helper.make_tensor_value_info(dummy, elem, [None] * (rank + stacked)))
+        elif owner.op_type in ("Loop", "Scan"):
+            stacked += 1
+            if owner.op_type == "Scan":
+                for a in owner.attribute:
+                    if a.name in ("scan_output_axes", "scan_output_directions"):
+                        a.ints.append(0)
+        else:  # sites.find_sites never descends into other subgraph owners
+            raise OpscopeError(f"cannot carry a tap out of a {owner.op_type} subgraph ({path})")
+        new = b.fresh(name.split("/")[-1] + "_up")
+        owner.output.append(new)
+        name, path = new, ctx.parent
+    ctxs[""].graph.output.append(helper.make_tensor_value_info(name, elem, [None] * (rank + stacked)))
+    return name, stacked
+
+
+def inject_file(
+    src: str | Path,
+    out: str | Path,
+    *,
+    sites: list[Site] | Selection | None = None,
+    sketches: list[str] | None = None,
+    options: sk.SketchOptions | None = None,
+    placement: str = "producer",
+    copy_external: bool = False,
+) -> tuple[Path, Path, Manifest]:
+    """Inject into the model at `src` and write `out` plus `<out stem>.manifest.json` beside it."""
+    from .manifest import manifest_path_for
+    from .model import save_model
+
+    instrumented, manifest = inject(src, sites, sketches, options, placement)
+    path = save_model(instrumented, out, base_dir=Path(src).parent, copy_external=copy_external)
+    mpath = manifest.save(manifest_path_for(path))
+    return path, mpath, manifest

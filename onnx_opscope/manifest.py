@@ -1,0 +1,289 @@
+"""The manifest: what each extra output of an instrumented model means, and how to decode it.
+
+Saved as JSON beside the instrumented model. Outputs are *raw* per tapped tensor (one tensor
+feeding three sites is reduced once), so the manifest has three parts:
+
+- `sites`: id, op type, node, subgraph, execution order, and for each role the tap it uses;
+- `taps`: one per tapped tensor: tensor name, subgraph, rank, channel/seq axes, static numel
+  (null when symbolic), how many Loop/Scan levels stack its outputs, and raw -> output name;
+- `outputs`: the flat view DESIGN.md asks for, one entry per appended output (output, tap,
+  tensor, raw stat, the (site, role) pairs it serves, static length where known).
+
+`decode` turns a run's outputs into tidy rows (site, op_type, role, stat, idx, value, numel)
+plus per-site GEMM dims M, K, N resolved from the run-time shapes.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+
+import numpy as np
+
+from . import sketches as sk
+from .errors import OpscopeError
+
+FORMAT = "onnx-opscope/manifest"
+VERSION = 1
+
+
+@dataclass
+class TapRecord:
+    id: str
+    tensor: str
+    graph: str
+    rank: int | None
+    elem_type: int
+    channel_axis: int
+    seq_axis: int
+    numel: int | None
+    constant: bool
+    stacked: int  # Loop/Scan levels between the tap and the main graph: outputs gain that many axes
+    sketches: list[str]
+    outputs: dict[str, str]  # raw name -> graph output name
+
+    def info(self) -> sk.TapInfo:
+        return sk.TapInfo(self.rank, self.elem_type, self.channel_axis, self.seq_axis)
+
+
+@dataclass
+class SiteRecord:
+    id: str
+    op_type: str
+    node: str
+    graph: str
+    order: int
+    roles: dict[str, str]  # role -> tap id (sketched)
+    shape_roles: dict[str, str] = field(default_factory=dict)  # role -> tap id (shape only)
+    attrs: dict = field(default_factory=dict)
+
+
+@dataclass
+class Manifest:
+    source: str
+    source_sha256: str
+    opset: int
+    original_outputs: list[str]
+    sketches: list[str]
+    options: dict
+    placement: str
+    sites: list[SiteRecord]
+    taps: list[TapRecord]
+    format: str = FORMAT
+    version: int = VERSION
+
+    def sketch_options(self) -> sk.SketchOptions:
+        opts = dict(self.options)
+        if opts.get("hist_range") is not None:
+            opts["hist_range"] = tuple(opts["hist_range"])
+        return sk.SketchOptions(**opts)
+
+    def output_names(self) -> list[str]:
+        return [name for t in self.taps for name in t.outputs.values()]
+
+    def outputs(self) -> list[dict]:
+        """One entry per appended output, as DESIGN.md's manifest lists them."""
+        uses: dict[str, list[list[str]]] = {}
+        for s in self.sites:
+            for role, tap in s.roles.items():
+                uses.setdefault(tap, []).append([s.id, s.op_type, role])
+        entries = []
+        for t in self.taps:
+            for raw, name in t.outputs.items():
+                entries.append(
+                    {
+                        "output": name,
+                        "tap": t.id,
+                        "tensor": t.tensor,
+                        "stat": raw,
+                        "uses": uses.get(t.id, []),
+                        "graph": t.graph,
+                        "stacked": t.stacked,
+                        "numel": t.numel,
+                    }
+                )
+        return entries
+
+    def to_json(self) -> str:
+        d = asdict(self)
+        d["outputs"] = self.outputs()
+        return json.dumps(d, indent=1)
+
+    def save(self, path: str | os.PathLike) -> Path:
+        p = Path(path)
+        p.write_text(self.to_json())
+        return p
+
+
+def load_manifest(path: str | os.PathLike) -> Manifest:
+    p = Path(path)
+    try:
+        d = json.loads(p.read_text())
+    except FileNotFoundError:
+        raise OpscopeError(f"{p}: no such manifest file") from None
+    except json.JSONDecodeError as exc:
+        raise OpscopeError(f"{p}: not a manifest (bad JSON: {exc.msg})") from None
+    if d.get("format") != FORMAT:
+        raise OpscopeError(f"{p}: not an onnx-opscope manifest")
+    if d.get("version") != VERSION:
+        raise OpscopeError(f"{p}: manifest version {d.get('version')} is not {VERSION}")
+    d.pop("outputs", None)
+    d["sites"] = [SiteRecord(**s) for s in d["sites"]]
+    d["taps"] = [TapRecord(**t) for t in d["taps"]]
+    return Manifest(**d)
+
+
+def manifest_path_for(model_path: str | os.PathLike) -> Path:
+    p = Path(model_path)
+    return p.with_name(p.stem + ".manifest.json")
+
+
+# --------------------------------------------------------------------------------------------
+# decoding
+
+
+@dataclass
+class Rows:
+    """Columns of tidy rows for one batch (cheap to append to a table)."""
+
+    site: list[str] = field(default_factory=list)
+    op_type: list[str] = field(default_factory=list)
+    role: list[str] = field(default_factory=list)
+    stat: list[str] = field(default_factory=list)
+    idx: list[int] = field(default_factory=list)
+    value: list[float] = field(default_factory=list)
+    numel: list[int] = field(default_factory=list)
+    M: list[int | None] = field(default_factory=list)
+    K: list[int | None] = field(default_factory=list)
+    N: list[int | None] = field(default_factory=list)
+
+    def __len__(self) -> int:
+        return len(self.value)
+
+
+def decode_tap(
+    tap: TapRecord, raw_out: dict[str, np.ndarray], opts: sk.SketchOptions
+) -> tuple[dict[str, np.ndarray], list[int] | None]:
+    """Sketch values of one tap (merged over Loop/Scan iterations) and its run-time shape.
+
+    Returns ({}, None) when the tap's subgraph did not run (an If branch not taken).
+    """
+    parts = _split_iterations(tap, raw_out)
+    if not parts:
+        return {}, None
+    values = [{name: sk.finalize(name, raw, opts) for name in tap.sketches} for raw in parts]
+    shapes = [raw["shape"][1:].astype(np.int64).tolist() for raw in parts]
+    numels = [int(np.prod(s)) if s else 1 for s in shapes]
+    if len(values) == 1:
+        return values[0], shapes[0]
+    merged = {name: _merge(name, [v[name] for v in values], numels) for name in tap.sketches}
+    if "chan_outlier" in merged and "chan_maxabs" in merged:
+        merged["chan_outlier"] = sk._chan_outlier(merged["chan_maxabs"])
+    return merged, shapes[-1]
+
+
+def _split_iterations(tap: TapRecord, raw_out: dict[str, np.ndarray]) -> list[dict[str, np.ndarray]]:
+    arrays = {raw: np.asarray(raw_out[name]) for raw, name in tap.outputs.items()}
+    if tap.stacked == 0:
+        return (
+            []
+            if arrays["shape"].size == 0
+            else [{k: v.astype(np.float64).ravel() for k, v in arrays.items()}]
+        )
+    parts = []
+    lead = arrays["shape"].shape[: tap.stacked]
+    for i in np.ndindex(*lead):
+        part = {k: np.asarray(v[i]).astype(np.float64).ravel() for k, v in arrays.items()}
+        if part["shape"].size:
+            parts.append(part)
+    return parts
+
+
+def _merge(name: str, vals: list[np.ndarray], numels: list[int]) -> np.ndarray:
+    how = sk.REGISTRY[name].merge
+    with np.errstate(all="ignore"):
+        if how == "min":
+            return np.array([np.nanmin(np.concatenate(vals))]) if vals else np.array([np.nan])
+        if how == "max":
+            return np.array([np.nanmax(np.concatenate(vals))])
+        if how == "sum":
+            return np.sum(vals, axis=0)
+        if how == "mean":
+            w = np.asarray(numels, np.float64)
+            v = np.concatenate(vals)
+            ok = np.isfinite(v)
+            return np.array([np.sum(v[ok] * w[ok]) / np.sum(w[ok]) if ok.any() else np.nan])
+        if how == "concat":
+            return np.concatenate(vals)
+        if how == "maxelem":
+            return np.nanmax(np.stack(vals), axis=0)
+        return vals[0]  # first / derived (recomputed by the caller)
+
+
+def gemm_dims(site: SiteRecord, shapes: dict[str, list[int]]) -> tuple[int | None, int | None, int | None]:
+    """(M, K, N) of a site as an implicit GEMM, from its roles' run-time shapes (None if unknown).
+
+    MatMul-like: lhs [..., M, K] @ rhs [..., K, N], M counts the batch dims too. Gemm honours
+    transA/transB. Conv: M = batch x output positions, K = Cin/group x kernel, N = Cout.
+    ConvTranspose: M = batch x input positions, K = Cin, N = Cout/group x kernel. LSTM/GRU/RNN:
+    M = seq x batch, K = input size, N = gates x hidden.
+    """
+    op, a = site.op_type, site.attrs
+    prod = lambda v: int(np.prod(v)) if v else 1  # noqa: E731
+    try:
+        if op in ("MatMul", "MatMulInteger", "QLinearMatMul"):
+            lhs, rhs = shapes["lhs"], shapes["rhs"]
+            m = prod(lhs[:-1]) if len(lhs) > 1 else 1
+            return m, lhs[-1], rhs[-1] if len(rhs) > 1 else 1
+        if op == "Gemm":
+            sa, sb = shapes["a"], shapes["b"]
+            m, k = (sa[1], sa[0]) if a.get("transA") else (sa[0], sa[1])
+            n = sb[0] if a.get("transB") else sb[1]
+            return m, k, n
+        if op == "Conv":
+            w, y = shapes["weight"], shapes["out"]
+            return y[0] * prod(y[2:]), prod(w[1:]), w[0]
+        if op == "ConvTranspose":
+            x, w = shapes["in"], shapes["weight"]
+            return x[0] * prod(x[2:]), w[0], prod(w[1:])
+        if op in ("LSTM", "GRU", "RNN"):
+            x, w = shapes["x"], shapes["w"]
+            return x[0] * x[1], x[2], w[1]
+    except (KeyError, IndexError):
+        pass
+    return None, None, None
+
+
+def decode(manifest: Manifest, outputs: dict[str, np.ndarray]) -> Rows:
+    """Tidy rows for one run: every (site, role, sketch, element) that ran."""
+    opts = manifest.sketch_options()
+    taps = {t.id: t for t in manifest.taps}
+    decoded = {tid: decode_tap(t, outputs, opts) for tid, t in taps.items()}
+    rows = Rows()
+    for site in manifest.sites:
+        shapes = {
+            role: decoded[tid][1]
+            for role, tid in {**site.shape_roles, **site.roles}.items()
+            if decoded[tid][1] is not None
+        }
+        m, k, n = gemm_dims(site, shapes)
+        for role, tid in site.roles.items():
+            values, shape = decoded[tid]
+            if shape is None:
+                continue
+            numel = int(np.prod(shape)) if shape else 1
+            for stat, vals in values.items():
+                cnt = len(vals)
+                rows.site += [site.id] * cnt
+                rows.op_type += [site.op_type] * cnt
+                rows.role += [role] * cnt
+                rows.stat += [stat] * cnt
+                rows.idx += range(cnt)
+                rows.value += vals.tolist()
+                rows.numel += [numel] * cnt
+                rows.M += [m] * cnt
+                rows.K += [k] * cnt
+                rows.N += [n] * cnt
+    return rows

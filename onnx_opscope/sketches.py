@@ -1,0 +1,632 @@
+"""The sketch registry: what we measure on a tapped tensor, how, and how to check it.
+
+Each `Sketch` is a name, the raw in-graph outputs it needs, a host-side `finalize` that
+turns those raw values into the sketch's values (float64), a numpy `reference` computed
+straight from the tensor, how it `merge`s across batches or loop iterations, and the
+tolerance the tests hold the two to.
+
+The in-graph part is shared between sketches: one tapped tensor gets one small subgraph
+(`build_tap`) whose raw outputs serve every sketch asked for, so no pass over the tensor is
+made twice. Layout of that subgraph, for a tensor x cast to float32:
+
+    shape, elemsig, samples              outside any branch: cheap gathers, no full pass
+    s = ReduceSum(x)                     one pass, only to detect NaN/Inf (or overflow)
+    If isnan(s - s):  slow branch        mask non-finite values, count them
+    else:             fast branch        the same statistics with no masking at all
+
+Both branches produce the same raw outputs; the fast one is what runs on clean tensors.
+Scale-sensitive sums are taken on y = x / (max|x| + 1e-12), so |y| <= 1 and nothing
+overflows in float32 even on BERT's -3.4e38 mask values; the host multiplies the scale back
+in float64.
+
+Non-finite values (NaN, +Inf, -Inf), exactly:
+- `nan_count`, `inf_count` count them; every other statistic ignores them: min, max, mean,
+  l1, sumsq, kurtosis, hist, chan_maxabs, pos_sumsq and adj_sumsq are over the finite
+  elements only (non-finite ones count as 0 in pos/adj sums), mean and kurtosis divide by
+  the number of finite elements;
+- `nnz` counts x != 0, and NaN and Inf are != 0, so they count;
+- `elemsig` returns the gathered values as they are (NaN stays NaN).
+
+Empty tensors: counts and sums are 0; min, max, mean and kurtosis are NaN; vectors are empty.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass, field
+
+import numpy as np
+from onnx import TensorProto, helper
+
+from .ops import Builder, scatter_add_available
+
+EPS_SCALE = np.float32(1e-12)  # y = x / (max|x| + 1e-12), as the histogram definition asks
+EPS_KURT = 1e-20
+SAMPLE_STRIDE = 1_000_003  # a prime: sampled positions (j * P) mod n spread over every channel
+
+HIST_MODES = ("sampled", "exact", "host")
+
+
+@dataclass(frozen=True)
+class SketchOptions:
+    """Knobs of the sketches; saved in the manifest so decoding uses the same ones."""
+
+    hist_bins: int = 32
+    hist_range: tuple[float, float] | None = None  # None: x/(max|x|+1e-12) over [-1, 1]
+    hist_mode: str = "sampled"  # sampled | exact (in-graph ScatterElements) | host (copy out)
+    sample_size: int = 4096
+    elemsig_k: int = 16
+    max_rows: int = 512  # pos_sumsq / adj_sumsq keep at most this many rows (evenly strided)
+
+    def __post_init__(self):
+        if self.hist_mode not in HIST_MODES:
+            raise ValueError(f"hist_mode must be one of {HIST_MODES}, not {self.hist_mode!r}")
+        if self.hist_range is not None and not self.hist_range[0] < self.hist_range[1]:
+            raise ValueError(f"hist_range needs lo < hi, got {self.hist_range}")
+
+
+@dataclass(frozen=True)
+class TapInfo:
+    """What the builder needs to know about a tapped tensor.
+
+    `channel_axis` is the feature axis (chan_maxabs keeps it; pos_sumsq sums over it);
+    `seq_axis` is the axis along which rows are adjacent (adj_sumsq). `rank` None means
+    unknown: then only the rank-free sketches are built.
+    """
+
+    rank: int | None
+    elem_type: int = TensorProto.FLOAT
+    channel_axis: int = -1
+    seq_axis: int = -2
+
+    def axes(self) -> tuple[int, int] | None:
+        """(channel, seq) as non-negative axes, seq None when rank < 2; None when rank unknown/0."""
+        if not self.rank:
+            return None
+        ch = self.channel_axis % self.rank
+        seq = self.seq_axis % self.rank if self.rank >= 2 else None
+        return ch, (seq if seq != ch else None)
+
+
+Raw = dict[str, np.ndarray]
+
+
+@dataclass(frozen=True)
+class Sketch:
+    name: str
+    raws: tuple[str, ...]
+    finalize: Callable[[Raw, SketchOptions], np.ndarray]
+    reference: Callable[[np.ndarray, TapInfo, SketchOptions], np.ndarray]
+    merge: str  # min | max | sum | mean | concat | first | maxelem | derived
+    vector: bool
+    tol: tuple[float, float] = (0.0, 0.0)  # (rtol, atol as a fraction of the reference's scale)
+    needs_rank: bool = False
+    doc: str = ""
+    extra: dict = field(default_factory=dict)
+
+
+# --------------------------------------------------------------------------------------------
+# host side: raw outputs -> sketch values
+
+
+def _numel(r: Raw) -> int:
+    return int(np.prod(r["shape"][1:])) if len(r["shape"]) > 1 else 1
+
+
+def _n_bad(r: Raw) -> float:
+    return float(r["nan"][0] + r["inf"][0])
+
+
+def _n_finite(r: Raw) -> float:
+    return _numel(r) - _n_bad(r)
+
+
+def _scale(r: Raw) -> float:
+    return float(r["scale"][0])
+
+
+def _finite_or_nan(v: np.ndarray, reduce) -> np.ndarray:
+    v = v[np.isfinite(v)]
+    return np.array([reduce(v) if v.size else np.nan])
+
+
+def _ratio(num: float, den: float) -> float:
+    return num / den if den else float("nan")
+
+
+def _chan_maxabs(r: Raw) -> np.ndarray:
+    """Per-channel max|x|; the graph marks channels with no finite value by -1 (or -inf)."""
+    out = r["chan_abs"].copy()
+    out[out < 0] = np.nan
+    return out
+
+
+def _chan_outlier(v: np.ndarray) -> np.ndarray:
+    v = v[np.isfinite(v)]
+    return np.array([_ratio(v.max(), v.mean()) if v.size else np.nan])
+
+
+def _hist_counts(values: np.ndarray, scale: float, o: SketchOptions) -> np.ndarray:
+    """Bin like the graph does (float32 arithmetic), so exact and host modes agree bit for bit."""
+    v = np.asarray(values, np.float32).ravel()
+    v = v[np.isfinite(v)]
+    bins = o.hist_bins
+    if o.hist_range is None:
+        t = np.floor((v / np.float32(scale) + np.float32(1)) * np.float32(bins / 2))
+    else:
+        lo, hi = np.float32(o.hist_range[0]), np.float32(o.hist_range[1])
+        v = v[(v >= lo) & (v <= hi)]
+        t = np.floor((v - lo) / np.float32((hi - lo) / bins))
+    idx = np.clip(t, 0, bins - 1).astype(np.int64)
+    return np.bincount(idx, minlength=bins).astype(np.float64)
+
+
+def _fin_hist(r: Raw, o: SketchOptions) -> np.ndarray:
+    if o.hist_mode == "exact":
+        return r["hist"]
+    if o.hist_mode == "host":
+        return _hist_counts(r["tensor"], _scale(r), o)
+    return _hist_counts(r["samples"], _scale(r), o)
+
+
+def _fin_kurtosis(r: Raw, o: SketchOptions) -> np.ndarray:
+    nf, s = _n_finite(r), _scale(r)
+    if nf <= 0:
+        return np.array([np.nan])
+    m2 = r["m2"][0] / nf * s**2
+    m4 = r["m4"][0] / nf * s**4
+    return np.array([m4 / (m2 * m2 + EPS_KURT)])
+
+
+# --------------------------------------------------------------------------------------------
+# numpy references: straight from the definitions, float64, on the finite elements
+
+
+def _f64(x: np.ndarray) -> np.ndarray:
+    return np.asarray(x).astype(np.float64)
+
+
+def _finite(x: np.ndarray) -> np.ndarray:
+    v = _f64(x).ravel()
+    return v[np.isfinite(v)]
+
+
+def _scale_of(x: np.ndarray) -> np.float32:
+    v = np.asarray(x).astype(np.float32).ravel()
+    v = v[np.isfinite(v)]
+    return np.float32(np.abs(v).max() if v.size else np.inf) + EPS_SCALE
+
+
+def _ref_scalar(fn, empty=np.nan):
+    return lambda x, info, o: np.array([fn(_finite(x)) if _finite(x).size else empty])
+
+
+def _ref_kurtosis(x, info, o):
+    v = _finite(x)
+    if not v.size:
+        return np.array([np.nan])
+    d = v - v.mean()
+    m2, m4 = np.mean(d**2), np.mean(d**4)
+    return np.array([m4 / (m2 * m2 + EPS_KURT)])
+
+
+def _ref_hist(x, info, o):
+    if o.hist_mode != "sampled":
+        return _hist_counts(x, _scale_of(x), o)
+    flat = np.asarray(x).astype(np.float32).ravel()
+    n = flat.size
+    k = min(n, o.sample_size)
+    pos = (np.arange(k, dtype=np.int64) * SAMPLE_STRIDE) % max(n, 1)
+    return _hist_counts(flat[pos], _scale_of(x), o)
+
+
+def _ref_elemsig(x, info, o):
+    flat = np.asarray(x).astype(np.float32).ravel()
+    n = flat.size
+    k = min(n, o.elemsig_k)
+    return _f64(flat[(np.arange(k, dtype=np.int64) * n) // max(k, 1)])
+
+
+def _clean(x: np.ndarray) -> np.ndarray:
+    v = _f64(x)
+    return np.where(np.isfinite(v), v, 0.0)
+
+
+def _ref_chan(x, info, o):
+    ch, _ = info.axes()
+    v = _f64(x)
+    other = tuple(a for a in range(v.ndim) if a != ch)
+    fin = np.isfinite(v)
+    absv = np.where(fin, np.abs(v), -np.inf)
+    out = absv.max(axis=other) if v.size else np.zeros(v.shape[ch])
+    return np.where(np.isfinite(out), out, np.nan).ravel()
+
+
+def _row_cap(v: np.ndarray, o: SketchOptions) -> np.ndarray:
+    v = v.ravel()
+    k = min(v.size, o.max_rows)
+    return v[(np.arange(k, dtype=np.int64) * v.size) // max(k, 1)]
+
+
+def _ref_pos(x, info, o):
+    ch, _ = info.axes()
+    return _row_cap((_clean(x) ** 2).sum(axis=ch), o)
+
+
+def _ref_adj(x, info, o):
+    ch, seq = info.axes()
+    if seq is None:
+        return np.zeros(0)
+    c = _clean(x)
+    d = np.diff(c, axis=seq)
+    return _row_cap((d**2).sum(axis=ch), o)
+
+
+# --------------------------------------------------------------------------------------------
+# the registry
+
+_BASE = ("shape", "nan", "inf")
+
+REGISTRY: dict[str, Sketch] = {
+    s.name: s
+    for s in [
+        Sketch(
+            "min",
+            _BASE + ("min",),
+            lambda r, o: _finite_or_nan(r["min"], np.min),
+            _ref_scalar(np.min),
+            "min",
+            False,
+            doc="smallest finite value",
+        ),
+        Sketch(
+            "max",
+            _BASE + ("max",),
+            lambda r, o: _finite_or_nan(r["max"], np.max),
+            _ref_scalar(np.max),
+            "max",
+            False,
+            doc="largest finite value",
+        ),
+        Sketch(
+            "mean",
+            _BASE + ("scale", "ysum"),
+            lambda r, o: np.array([_ratio(r["ysum"][0] * _scale(r), _n_finite(r))]),
+            _ref_scalar(np.mean),
+            "mean",
+            False,
+            tol=(1e-4, 1e-5),
+            doc="mean of finite values",
+        ),
+        Sketch(
+            "l1",
+            _BASE + ("scale", "yl1"),
+            lambda r, o: np.array([r["yl1"][0] * _scale(r)]),
+            _ref_scalar(lambda v: np.abs(v).sum(), 0.0),
+            "sum",
+            False,
+            tol=(1e-4, 0.0),
+            doc="sum of |x| over finite values",
+        ),
+        Sketch(
+            "sumsq",
+            _BASE + ("scale", "yss"),
+            lambda r, o: np.array([r["yss"][0] * _scale(r) ** 2]),
+            _ref_scalar(lambda v: (v * v).sum(), 0.0),
+            "sum",
+            False,
+            tol=(1e-4, 0.0),
+            doc="sum of x^2 over finite values",
+        ),
+        Sketch(
+            "nnz",
+            _BASE + ("nnz",),
+            lambda r, o: np.array([r["nnz"][0] + _n_bad(r)]),
+            lambda x, info, o: np.array([float(np.count_nonzero(np.asarray(x)))]),
+            "sum",
+            False,
+            doc="count of x != 0 (NaN and Inf count)",
+        ),
+        Sketch(
+            "nan_count",
+            _BASE,
+            lambda r, o: r["nan"][:1].copy(),
+            lambda x, info, o: np.array([float(np.isnan(_f64(x)).sum())]),
+            "sum",
+            False,
+        ),
+        Sketch(
+            "inf_count",
+            _BASE,
+            lambda r, o: r["inf"][:1].copy(),
+            lambda x, info, o: np.array([float(np.isinf(_f64(x)).sum())]),
+            "sum",
+            False,
+        ),
+        Sketch(
+            "kurtosis",
+            _BASE + ("scale", "m2", "m4"),
+            _fin_kurtosis,
+            _ref_kurtosis,
+            "mean",
+            False,
+            tol=(2e-3, 0.0),
+            doc="E[(x-mu)^4] / (E[(x-mu)^2]^2 + 1e-20) over finite values",
+        ),
+        Sketch(
+            "hist",
+            _BASE + ("scale",),
+            _fin_hist,
+            _ref_hist,
+            "sum",
+            True,
+            tol=(0.0, 1e-3),
+            doc="counts in hist_bins bins of x/(max|x|+1e-12) over [-1, 1], or of x over hist_range",
+        ),
+        Sketch(
+            "elemsig",
+            ("shape", "elemsig"),
+            lambda r, o: r["elemsig"].copy(),
+            _ref_elemsig,
+            "first",
+            True,
+            doc="k = min(16, numel) values at flat positions j*numel/k",
+        ),
+        Sketch(
+            "chan_maxabs",
+            _BASE + ("chan_abs",),
+            lambda r, o: _chan_maxabs(r),
+            _ref_chan,
+            "maxelem",
+            True,
+            needs_rank=True,
+            doc="max|x| over all axes but the channel axis",
+        ),
+        Sketch(
+            "chan_outlier",
+            _BASE + ("chan_abs",),
+            lambda r, o: _chan_outlier(_chan_maxabs(r)),
+            lambda x, info, o: _chan_outlier(_ref_chan(x, info, o)),
+            "derived",
+            False,
+            needs_rank=True,
+            doc="max / mean of chan_maxabs",
+        ),
+        Sketch(
+            "pos_sumsq",
+            _BASE + ("scale", "pos"),
+            lambda r, o: r["pos"] * _scale(r) ** 2,
+            _ref_pos,
+            "concat",
+            True,
+            tol=(1e-4, 1e-6),
+            needs_rank=True,
+            doc="sum of x^2 over the channel axis, one value per row (at most max_rows rows)",
+        ),
+        Sketch(
+            "adj_sumsq",
+            _BASE + ("scale", "adj"),
+            lambda r, o: r["adj"] * _scale(r) ** 2,
+            _ref_adj,
+            "concat",
+            True,
+            tol=(1e-4, 1e-6),
+            needs_rank=True,
+            doc="sum of (row_t - row_{t-1})^2 along the sequence axis, per adjacent pair",
+        ),
+    ]
+}
+
+DEFAULT_SKETCHES: tuple[str, ...] = tuple(REGISTRY)
+
+
+def resolve(names: list[str] | tuple[str, ...] | None) -> list[str]:
+    """Validate sketch names (None: the default set), keeping registry order."""
+    from .errors import OpscopeError, did_you_mean, listing
+
+    if not names:
+        return list(DEFAULT_SKETCHES)
+    for n in names:
+        if n not in REGISTRY:
+            raise OpscopeError(f"unknown sketch {n!r}{did_you_mean(n, REGISTRY)}; known: {listing(REGISTRY)}")
+    return [n for n in REGISTRY if n in set(names)]
+
+
+def raws_for(names: list[str], info: TapInfo, o: SketchOptions) -> list[str]:
+    """The raw outputs the chosen sketches need on a tensor described by `info`."""
+    need: dict[str, None] = {}
+    for n in names:
+        sk = REGISTRY[n]
+        if sk.needs_rank and info.axes() is None:
+            continue
+        for r in sk.raws:
+            need[r] = None
+        if n == "hist":
+            need[{"sampled": "samples", "exact": "hist", "host": "tensor"}[o.hist_mode]] = None
+    return list(need)
+
+
+def sketches_for(names: list[str], info: TapInfo) -> list[str]:
+    return [n for n in names if not (REGISTRY[n].needs_rank and info.axes() is None)]
+
+
+def finalize(name: str, raw: Raw, o: SketchOptions) -> np.ndarray:
+    return np.asarray(REGISTRY[name].finalize(raw, o), dtype=np.float64).ravel()
+
+
+def reference(name: str, x: np.ndarray, info: TapInfo, o: SketchOptions) -> np.ndarray:
+    return np.asarray(REGISTRY[name].reference(x, info, o), dtype=np.float64).ravel()
+
+
+# --------------------------------------------------------------------------------------------
+# graph side: one tap subgraph per tensor
+
+OUTSIDE = ("shape", "elemsig", "samples", "tensor")  # built before the finite/non-finite split
+RAW_DTYPE = {"shape": TensorProto.INT64}
+SCALAR_RAWS = frozenset({"min", "max", "scale", "ysum", "yl1", "yss", "nnz", "m2", "m4", "nan", "inf"})
+
+
+def raw_rank(raw: str) -> int:
+    """Scalars come back as rank-0 tensors (no Reshape per statistic), everything else as 1-D."""
+    return 0 if raw in SCALAR_RAWS else 1
+
+
+def build_tap(
+    b: Builder, x: str, info: TapInfo, raws: list[str], o: SketchOptions, constant: bool = False
+) -> dict[str, str]:
+    """Append the nodes computing `raws` of tensor `x` to `b`; returns raw name -> 1-D output name.
+
+    A `constant` tensor (a weight) gets the masking branch inline, with no If: the whole tap is
+    then constant-foldable, so onnxruntime computes it once at session creation, not per batch.
+    """
+    out: dict[str, str] = {}
+    xf = x if info.elem_type == TensorProto.FLOAT else b.cast(x, TensorProto.FLOAT)
+    flat = b.flat(xf)
+    n = b.op("Size", [xf], "numel")
+    out["shape"] = b.op("Concat", [b.i64([1]), b.op("Shape", [xf])], "shape", axis=0)
+    if "elemsig" in raws:
+        out["elemsig"] = b.op("Gather", [flat, b.strided_indices(n, o.elemsig_k)], "elemsig", axis=0)
+    if "samples" in raws:
+        k = b.minimum(n, b.i64(o.sample_size))
+        j = b.op("Range", [b.i64(0), k, b.i64(1)])
+        pos = b.op("Mod", [b.op("Mul", [j, b.i64(SAMPLE_STRIDE)]), b.maximum(n, b.i64(1))])
+        out["samples"] = b.op("Gather", [flat, pos], "samples", axis=0)
+    if "tensor" in raws:
+        out["tensor"] = b.op("Identity", [flat], "tensor")
+    inner = [r for r in raws if r not in OUTSIDE]
+    if not inner:
+        return out
+    if constant:
+        names = _build_inner(b, xf, info, inner, o, slow=True)
+        out.update((r, b.op("Identity", [names[r]], r)) for r in inner)
+        return out
+    s = b.reduce("ReduceSum", xf, keepdims=0, hint="sum")
+    bad = b.op("IsNaN", [b.op("Sub", [s, s])], "has_nonfinite")
+    branches = []
+    for slow in (True, False):
+        sub = b.child()
+        names = _build_inner(sub, xf, info, inner, o, slow)
+        outputs = [
+            helper.make_tensor_value_info(names[r], TensorProto.FLOAT, [None] * raw_rank(r)) for r in inner
+        ]
+        branches.append(helper.make_graph(sub.nodes, b.fresh("slow" if slow else "fast"), [], outputs))
+    outs = [b.fresh(r) for r in inner]
+    b.nodes.append(
+        helper.make_node(
+            "If", [bad], outs, name=b.fresh("n_If_finite"), then_branch=branches[0], else_branch=branches[1]
+        )
+    )
+    out.update(zip(inner, outs))
+    return out
+
+
+def _build_inner(
+    b: Builder, x: str, info: TapInfo, raws: list[str], o: SketchOptions, slow: bool
+) -> dict[str, str]:
+    """Raw statistics of x; `slow` masks NaN/Inf first (the fast branch knows there are none).
+
+    Measured on CPU (onnxruntime, a [512, 256] float tensor): a full-tensor reduction costs
+    about 5-10 us, a reduction that keeps the last axis (per-channel) about 40 us and Sign
+    about 90 us, so min/max are whole-tensor reductions, only chan_maxabs keeps the channel
+    axis, and nnz counts through a bool cast instead of Sign.
+    """
+    F = TensorProto.FLOAT
+    out: dict[str, str] = {}
+    axes = info.axes()
+    if slow:
+        bad = b.op("IsNaN", [b.op("Sub", [x, x])], "nonfinite")
+        xs = b.op("Where", [bad, b.const(0.0), x], "finite_x")
+        lo_in = b.op("Where", [bad, b.const(np.inf), x])
+        hi_in = b.op("Where", [bad, b.const(-np.inf), x])
+        out["nan"] = b.reduce("ReduceSum", b.cast(b.op("IsNaN", [x]), F))
+        out["inf"] = b.reduce("ReduceSum", b.cast(b.op("IsInf", [x]), F))
+    else:
+        bad, xs, lo_in, hi_in = None, x, x, x
+        out["nan"] = b.const(0.0)
+        out["inf"] = b.op("Identity", [out["nan"]])
+    out["min"] = b.reduce("ReduceMin", lo_in, hint="min")
+    out["max"] = b.reduce("ReduceMax", hi_in, hint="max")
+    if "chan_abs" in raws and axes is not None:
+        absx = b.op("Abs", [xs])
+        if slow:
+            absx = b.op("Where", [bad, b.const(-1.0), absx])
+        keep = [a for a in range(info.rank) if a != axes[0]]
+        out["chan_abs"] = b.flat(b.reduce("ReduceMax", absx, keep)) if keep else absx
+    # +-inf in min/max means "no finite value" (empty or all masked): the scale is then irrelevant
+    absmax = b.op("Max", [b.op("Abs", [out["min"]]), b.op("Abs", [out["max"]])])
+    absmax = b.op("Where", [b.op("IsInf", [absmax]), b.const(0.0), absmax])
+    scale = b.op("Add", [absmax, b.const(EPS_SCALE)], "scale")
+    out["scale"] = scale
+    y = b.op("Div", [xs, scale], "y")
+    ysum = b.reduce("ReduceSum", y, hint="ysum")
+    out["ysum"] = ysum
+    if "yl1" in raws:
+        out["yl1"] = b.reduce("ReduceL1", y, hint="yl1")
+    if "nnz" in raws:
+        out["nnz"] = b.reduce("ReduceSum", b.cast(b.cast(xs, TensorProto.BOOL), F), hint="nnz")
+    if "m2" in raws or "m4" in raws:
+        n_fin = b.cast(b.op("Size", [x]), F)
+        if slow:
+            n_fin = b.op("Sub", [n_fin, b.op("Add", [out["nan"], out["inf"]])])
+        mu = b.op("Div", [ysum, n_fin])
+        d = b.op("Sub", [y, mu])
+        if slow:
+            d = b.op("Where", [bad, b.const(0.0), d])
+        d2 = b.op("Mul", [d, d])
+        out["m2"] = b.reduce("ReduceSum", d2, hint="m2")
+        out["m4"] = b.reduce("ReduceSumSquare", d2, hint="m4")
+    pos_full = None
+    if axes is not None and ("pos" in raws or "yss" in raws):
+        pos_full = b.flat(b.reduce("ReduceSumSquare", y, [axes[0]]))
+        if "pos" in raws:
+            out["pos"] = b.op(
+                "Gather", [pos_full, b.strided_indices(b.op("Size", [pos_full]), o.max_rows)], axis=0
+            )
+    if "yss" in raws:
+        out["yss"] = b.reduce("ReduceSum", pos_full) if pos_full else b.reduce("ReduceSumSquare", y)
+    if "adj" in raws and axes is not None:
+        ch, seq = axes
+        if seq is None:
+            out["adj"] = b.const(np.zeros(0, np.float32))
+        else:
+            big = np.iinfo(np.int64).max
+            diff = b.op("Sub", [b.slice(y, 1, big, seq), b.slice(y, 0, -1, seq)])
+            adj = b.flat(b.reduce("ReduceSumSquare", diff, [ch]))
+            out["adj"] = b.op("Gather", [adj, b.strided_indices(b.op("Size", [adj]), o.max_rows)], axis=0)
+    if "hist" in raws:
+        out["hist"] = _build_hist(b, xs, y, bad, o)
+    return {r: out[r] for r in raws}
+
+
+def _build_hist(b: Builder, xs: str, y: str, bad: str | None, o: SketchOptions) -> str:
+    """Exact in-graph histogram: ScatterElements(add) from opset 16, one-hot + ReduceSum before."""
+    F = TensorProto.FLOAT
+    bins = o.hist_bins
+    if o.hist_range is None:
+        t = b.op("Floor", [b.op("Mul", [b.op("Add", [y, b.const(1.0)]), b.const(bins / 2)])])
+        valid = None
+    else:
+        lo, hi = (np.float32(v) for v in o.hist_range)
+        t = b.op(
+            "Floor", [b.op("Div", [b.op("Sub", [xs, b.const(lo)]), b.const(np.float32((hi - lo) / bins))])]
+        )
+        valid = b.op(
+            "And",
+            [
+                b.op("Not", [b.op("Less", [xs, b.const(lo)])]),
+                b.op("Not", [b.op("Greater", [xs, b.const(hi)])]),
+            ],
+        )
+    if bad is not None:
+        ok = b.op("Not", [bad])
+        valid = ok if valid is None else b.op("And", [valid, ok])
+    idx = b.flat(b.cast(b.op("Clip", [t, b.const(0.0), b.const(float(bins - 1))]), TensorProto.INT64))
+    if valid is None:
+        updates = b.op("Expand", [b.const([1.0]), b.op("Shape", [idx])])
+    else:
+        updates = b.flat(b.cast(valid, F))
+    if scatter_add_available(b.opset):
+        return b.scatter_add(b.const(np.zeros(bins, np.float32)), idx, updates)
+    onehot = b.cast(b.op("Equal", [b.op("Reshape", [idx, b.i64([-1, 1])]), b.i64(np.arange(bins))]), F)
+    weighted = b.op("Mul", [onehot, b.op("Reshape", [updates, b.i64([-1, 1])])])
+    return b.reduce("ReduceSum", weighted, [0])
