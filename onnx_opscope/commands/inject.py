@@ -1,0 +1,50 @@
+"""`opscope inject`: write the instrumented model and its manifest."""
+
+from __future__ import annotations
+
+import argparse
+from pathlib import Path
+
+from ..inject import inject_file
+from .options import add_tap_arguments, selection_from_args, sketch_options_from_args, sketches_from_args
+
+
+def add_parser(sub) -> argparse.ArgumentParser:
+    p = sub.add_parser(
+        "inject",
+        help="write an instrumented model whose extra outputs are sketches of the tapped tensors",
+        description="Append small reduction/histogram/gather subgraphs on each tapped tensor and expose them as "
+        "extra outputs after the model's own (names and order unchanged). Writes OUT.onnx and "
+        "OUT.manifest.json, which says what every extra output means. External weights are not "
+        "loaded: the new model refers to the original data file (hard-linked beside OUT when it is in "
+        "another folder, or copied with --copy-external-data).",
+        epilog="examples:\n  opscope inject model.onnx -o tapped.onnx\n"
+        "  opscope inject model.onnx -o tapped.onnx --op MatMul --role lhs,out --sketch min,max,hist\n"
+        "  opscope inject bert.onnx -o t.onnx --name 'encoder/layer.0/*' --min-numel 4096",
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
+    p.add_argument("model", type=Path, help="the .onnx model")
+    p.add_argument("-o", "--out", type=Path, required=True, help="where to write the instrumented .onnx")
+    p.add_argument(
+        "--copy-external-data",
+        action="store_true",
+        help="copy external weight files next to OUT instead of hard-linking them",
+    )
+    add_tap_arguments(p)
+    return p
+
+
+def run(args: argparse.Namespace) -> int:
+    path, mpath, manifest = inject_file(
+        args.model,
+        args.out,
+        sites=selection_from_args(args),
+        sketches=sketches_from_args(args),
+        options=sketch_options_from_args(args),
+        placement=args.placement,
+        copy_external=args.copy_external_data,
+    )
+    n_out = sum(len(t.outputs) for t in manifest.taps)
+    print(f"{path}: {len(manifest.sites)} sites, {len(manifest.taps)} tapped tensors, {n_out} extra outputs")
+    print(f"manifest: {mpath}")
+    return 0
