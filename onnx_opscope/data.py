@@ -525,11 +525,12 @@ def _draw(plans: list[_Plan], dist: str, seed: int, step: int) -> dict[str, np.n
         # never changes this one.
         rng = np.random.default_rng([seed, step, zlib.crc32(p.spec.name.encode())])
         if p.kind == "float":
-            feeds[p.spec.name] = make(rng, p.shape).astype(p.spec.dtype, copy=False)
+            value = make(rng, p.shape).astype(p.spec.dtype, copy=False)
         elif p.kind == "int":
-            feeds[p.spec.name] = rng.integers(p.low, p.high, size=p.shape, dtype=p.spec.dtype)
+            value = rng.integers(p.low, p.high, size=p.shape, dtype=p.spec.dtype)
         else:
-            feeds[p.spec.name] = rng.random(p.shape) < 0.5
+            value = rng.random(p.shape) < 0.5
+        feeds[p.spec.name] = np.asarray(value)  # rank-0 draws come back as numpy scalars
     return feeds
 
 

@@ -27,7 +27,9 @@ Non-finite values (NaN, +Inf, -Inf), exactly:
 - `nnz` counts x != 0, and NaN and Inf are != 0, so they count;
 - `elemsig` returns the gathered values as they are (NaN stays NaN).
 
-Empty tensors: counts and sums are 0; min, max, mean and kurtosis are NaN; vectors are empty.
+Empty tensors: counts and sums are 0; min, max, mean and kurtosis are NaN; hist is all zeros;
+elemsig is empty; chan_maxabs is NaN for every channel (no finite value, as for a masked one);
+pos_sumsq and adj_sumsq have one 0 per (row, pair) left, none when there are none.
 """
 
 from __future__ import annotations
@@ -79,8 +81,16 @@ class TapInfo:
     channel_axis: int = -1
     seq_axis: int = -2
 
+    @property
+    def as_rows(self) -> bool:
+        """Rank unknown but channel-last with rows along -2 (every MatMul operand): the tensor is then
+        viewed as [rows, channels] = reshape(x, [-1, C]), rows running over all leading axes."""
+        return self.rank is None and self.channel_axis == -1 and self.seq_axis == -2
+
     def axes(self) -> tuple[int, int] | None:
         """(channel, seq) as non-negative axes, seq None when rank < 2; None when rank unknown/0."""
+        if self.as_rows:
+            return 1, 0
         if not self.rank:
             return None
         ch = self.channel_axis % self.rank
@@ -232,13 +242,18 @@ def _clean(x: np.ndarray) -> np.ndarray:
     return np.where(np.isfinite(v), v, 0.0)
 
 
+def _view(x, info: TapInfo) -> np.ndarray:
+    v = _f64(x)
+    return v.reshape(-1, v.shape[-1]) if info.as_rows and v.ndim >= 1 else v
+
+
 def _ref_chan(x, info, o):
     ch, _ = info.axes()
-    v = _f64(x)
+    v = _view(x, info)
     other = tuple(a for a in range(v.ndim) if a != ch)
     fin = np.isfinite(v)
     absv = np.where(fin, np.abs(v), -np.inf)
-    out = absv.max(axis=other) if v.size else np.zeros(v.shape[ch])
+    out = absv.max(axis=other) if v.size else np.full(v.shape[ch], -np.inf)  # no element: no finite value
     return np.where(np.isfinite(out), out, np.nan).ravel()
 
 
@@ -250,14 +265,14 @@ def _row_cap(v: np.ndarray, o: SketchOptions) -> np.ndarray:
 
 def _ref_pos(x, info, o):
     ch, _ = info.axes()
-    return _row_cap((_clean(x) ** 2).sum(axis=ch), o)
+    return _row_cap((_clean(_view(x, info)) ** 2).sum(axis=ch), o)
 
 
 def _ref_adj(x, info, o):
     ch, seq = info.axes()
     if seq is None:
         return np.zeros(0)
-    c = _clean(x)
+    c = _clean(_view(x, info))
     d = np.diff(c, axis=seq)
     return _row_cap((d**2).sum(axis=ch), o)
 
@@ -480,7 +495,16 @@ def build_tap(
     then constant-foldable, so onnxruntime computes it once at session creation, not per batch.
     """
     out: dict[str, str] = {}
-    xf = x if info.elem_type == TensorProto.FLOAT else b.cast(x, TensorProto.FLOAT)
+    if info.elem_type == TensorProto.FLOAT:
+        xf = x
+    elif info.elem_type in (TensorProto.FLOAT16, TensorProto.BFLOAT16):
+        # onnxruntime's CPU EP runs fp16 ops in float32 between Casts it inserts, and drops a
+        # Cast(float->fp16) -> Cast(fp16->float) pair even with optimizations off: a direct Cast
+        # would read the unrounded float32 values (finite where the tensor holds inf). A Reshape
+        # to its own shape in between keeps the tensor's own fp16 values, at every opset.
+        xf = b.cast(b.op("Reshape", [x, b.op("Shape", [x])]), TensorProto.FLOAT)
+    else:
+        xf = b.cast(x, TensorProto.FLOAT)
     flat = b.flat(xf)
     n = b.op("Size", [xf], "numel")
     out["shape"] = b.op("Concat", [b.i64([1]), b.op("Shape", [xf])], "shape", axis=0)
@@ -496,6 +520,10 @@ def build_tap(
     inner = [r for r in raws if r not in OUTSIDE]
     if not inner:
         return out
+    if info.as_rows:
+        last = b.op("Slice", [b.op("Shape", [xf]), b.i64([-1]), b.i64([np.iinfo(np.int64).max])])
+        xf = b.op("Reshape", [xf, b.op("Concat", [b.i64([-1]), last], axis=0)], "rows")
+        info = TapInfo(2, TensorProto.FLOAT, 1, 0)
     if constant:
         names = _build_inner(b, xf, info, inner, o, slow=True)
         out.update((r, b.op("Identity", [names[r]], r)) for r in inner)
