@@ -6,10 +6,11 @@ import argparse
 from pathlib import Path
 
 from rich.console import Console
-from rich.table import Table
 
 from ..data import FeedSpec
-from ..record import read_table, record
+from ..mine import mine, print_findings, save_findings
+from ..record import record
+from ..report import write_report
 from ..runtime import RuntimeConfig
 
 DEMO_MODEL = "transformer_block"
@@ -20,8 +21,9 @@ def add_parser(sub) -> argparse.ArgumentParser:
     p = sub.add_parser(
         "demo",
         help="run the whole loop on a bundled transformer block and show what it finds",
-        description=f"Record sketches of every GEMM site of the bundled `{DEMO_MODEL}` model on synthetic "
-        "inputs with outlier channels, then summarise them. Writes everything into --out-dir.",
+        description=f"Record sketches of every site of the bundled `{DEMO_MODEL}` model on synthetic inputs "
+        "with outlier channels, mine them for exploitable patterns and write an HTML report. Writes "
+        "everything into --out-dir.",
     )
     p.add_argument(
         "--out-dir", type=Path, default=Path("opscope-demo"), help="where to write (default: opscope-demo/)"
@@ -50,32 +52,13 @@ def run(args: argparse.Namespace) -> int:
     feeds = FeedSpec(dist="outlier", batches=args.batches, dims={"batch": 2, "seq": 32})
     result = record(model, out=out_dir / "sketches.parquet", feeds=feeds, runtime=RuntimeConfig())
     console.print(
-        f"recorded {result.rows} rows from {len(result.manifest.sites)} sites over {result.batches} "
-        f"batches in {result.seconds:.1f}s, parity {'ok' if result.parity.ok else 'FAILED'}"
+        f"[bold]record[/]: {result.rows} rows from {len(result.manifest.sites)} sites over {result.batches} "
+        f"batches in {result.seconds:.1f}s (inputs with outlier channels), parity ok"
     )
-    _summary(console, result.table)
-    console.print(f"\ntable: {result.table}\nsites: {result.sites}\nrun:   {result.run}")
+    findings = mine(result.table)
+    save_findings(findings, out_dir / "findings.json")
+    console.print("[bold]mine[/]: what the sketches say, best first")
+    print_findings(findings, top=10)
+    report = write_report(result.table, findings, out_dir / "report.html")
+    console.print(f"\n[bold]report[/]: {report}\ntable:  {result.table}\nsites:  {result.sites}")
     return 0
-
-
-def _summary(console: Console, table_path: Path) -> None:
-    t = read_table(table_path).to_pylist()
-    scalars: dict[tuple[str, str], dict[str, list[float]]] = {}
-    for r in t:
-        if r["stat"] in ("max", "nnz", "chan_outlier", "kurtosis") and r["idx"] == 0:
-            d = scalars.setdefault((r["site"], r["role"]), {"numel": [r["numel"]]})
-            d.setdefault(r["stat"], []).append(r["value"])
-    view = Table(title="per site and role, mean over batches")
-    for col in ("site", "role", "density", "max", "chan outlier", "kurtosis"):
-        view.add_column(col, justify="left" if col in ("site", "role") else "right")
-    for (site, role), d in scalars.items():
-        mean = lambda k, d=d: sum(d.get(k, [float("nan")])) / max(len(d.get(k, [])), 1)  # noqa: E731
-        view.add_row(
-            site,
-            role,
-            f"{mean('nnz') / d['numel'][0]:.2f}",
-            f"{mean('max'):.3g}",
-            f"{mean('chan_outlier'):.1f}",
-            f"{mean('kurtosis'):.1f}",
-        )
-    console.print(view)
