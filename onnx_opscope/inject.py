@@ -19,13 +19,17 @@ Nested subgraphs repeat this up to the main graph.
 
 from __future__ import annotations
 
+import functools
 from dataclasses import asdict, dataclass
 from pathlib import Path
+from typing import NamedTuple
 
 import numpy as np
 import onnx
+from google.protobuf.message import Message
 from onnx import GraphProto, ModelProto, NodeProto, TensorProto, helper, numpy_helper
 
+from . import inference_taps as it
 from . import sketches as sk
 from .errors import OpscopeError
 from .manifest import Manifest, SiteRecord, TapRecord
@@ -42,6 +46,7 @@ class _GraphCtx:
     owner: NodeProto | None
     attr: str | None
     parent: str | None
+    index: int | None = None  # the owner's position in its parent graph
 
 
 def _contexts(model: ModelProto) -> dict[str, _GraphCtx]:
@@ -55,7 +60,7 @@ def _contexts(model: ModelProto) -> dict[str, _GraphCtx]:
                     continue
                 owner = node.name or f"{node.op_type}_{i}"
                 sub_path = f"{path}/{owner}/{attr.name}".lstrip("/")
-                out[sub_path] = _GraphCtx(attr.g, node, attr.name, path)
+                out[sub_path] = _GraphCtx(attr.g, node, attr.name, path, i)
                 walk(attr.g, sub_path)
 
     walk(model.graph, "")
@@ -171,7 +176,8 @@ def inject(
         if not found:
             raise OpscopeError(
                 "the model has no tappable site (MatMul, Gemm, Conv, ConvTranspose, LSTM, GRU, "
-                "RNN, MatMulInteger, QLinearMatMul), subgraphs included"
+                "RNN, MatMulInteger, QLinearMatMul, Softmax, fused attention, TopK router, residual "
+                "Add), subgraphs included"
             )
         numel = {
             t.tensor: ti.numel
@@ -186,23 +192,50 @@ def inject(
 
     taps: dict[tuple, TapRecord] = {}
     inserts: dict[str, dict[int, list[NodeProto]]] = {}
+    # Each site kind has its own sketches; a tensor tapped by several sites gets their union.
+    wanted: dict[tuple, set[str]] = {}
+    for site in sites:
+        for tap in site.taps:
+            key = (site.graph, tap.tensor, tap.channel_axis, tap.seq_axis, False)
+            wanted.setdefault(key, set()).update(sk.for_site(site.kind, names))
+    # Fused attention sites tap a shadow softmax, built next to the fused op from its inputs.
+    shadow_at: dict[tuple[str, str], int] = {}
+    for site in sites:
+        for tap in site.taps:
+            if tap.tensor.endswith(it.SHADOW_SUFFIX) and (site.graph, tap.tensor) not in shadow_at:
+                path = site.graph
+
+                def type_of(name: str, path: str = path) -> tuple[int, int | None]:
+                    ti = _lookup(types, ctxs, path, name)
+                    return (ti.elem_type, ti.rank) if ti else (TensorProto.UNDEFINED, None)
+
+                b = Builder(opset, f"opscope_s{len(shadow_at)}_", taken)
+                pos = it.build_shadow(b, ctxs[path].graph, tap.tensor, type_of)
+                inserts.setdefault(path, {}).setdefault(pos, []).extend(b.nodes)
+                shadow_at[(path, tap.tensor)] = pos
+                types.setdefault(path, {})[tap.tensor] = _TypeInfo(TensorProto.FLOAT, 4, None)
     site_records = []
+    producer_pos: dict[str, dict[str, int]] = {}  # per graph: tensor -> index of its producer
+    templates = _TapTemplates(opset, options, taken)
     for site in sites:
         roles: dict[str, str] = {}
         shape_roles: dict[str, str] = {}
         for tap, only_shape in [(t, False) for t in site.taps] + [(t, True) for t in site.shape_only]:
             ti = _lookup(types, ctxs, site.graph, tap.tensor)
             elem = ti.elem_type if ti and ti.elem_type else TensorProto.UNDEFINED
-            info = sk.TapInfo(ti.rank if ti else None, elem, tap.channel_axis, tap.seq_axis)
+            info = sk.TapInfo(ti.rank if ti else None, elem, tap.channel_axis, tap.seq_axis, tap.bins)
             key = (site.graph, tap.tensor, tap.channel_axis, tap.seq_axis, only_shape)
             if key not in taps:
-                chosen = [] if only_shape else sk.sketches_for(names, info)
+                own = [n for n in sk.REGISTRY if n in wanted.get(key, ())]
+                chosen = [] if only_shape else sk.sketches_for(own, info)
                 raws = ["shape"] if only_shape else sk.raws_for(chosen, info, options)
                 is_const = _is_constant(constants, ctxs, site.graph, tap.tensor)
-                b = Builder(opset, f"opscope_t{len(taps)}_", taken)
-                out = sk.build_tap(b, tap.tensor, info, raws, options, constant=is_const)
-                pos = _insert_position(ctxs[site.graph].graph, tap.tensor, placement)
-                inserts.setdefault(site.graph, {}).setdefault(pos, []).extend(b.nodes)
+                nodes, out = templates.build(f"opscope_t{len(taps)}_", tap.tensor, info, raws, is_const)
+                pos = shadow_at.get((site.graph, tap.tensor))
+                if pos is None or placement == "end":
+                    index = producer_pos.setdefault(site.graph, {})
+                    pos = _insert_position(ctxs[site.graph].graph, tap.tensor, placement, index)
+                inserts.setdefault(site.graph, {}).setdefault(pos, []).extend(nodes)
                 taps[key] = TapRecord(
                     f"t{len(taps)}",
                     tap.tensor,
@@ -216,6 +249,7 @@ def inject(
                     0,
                     chosen,
                     out,
+                    tap.bins,
                 )
             (shape_roles if only_shape else roles)[tap.role] = taps[key].id
         site_records.append(
@@ -226,9 +260,11 @@ def inject(
 
     # Deepest graphs first: splicing a graph copies its nodes, subgraphs included, so an
     # outer graph must be spliced after everything inside it; then look the graphs up again.
-    for path in sorted(inserts, key=lambda p: -p.count("/")):
-        _splice(ctxs[path].graph, inserts[path])
-    ctxs = _contexts(m)
+    moved = {
+        path: _splice(ctxs[path].graph, inserts[path])
+        for path in sorted(inserts, key=lambda p: -p.count("/"))
+    }
+    ctxs = _relocate(m, ctxs, moved)
     for tap in taps.values():
         for raw, name in list(tap.outputs.items()):
             elem = sk.RAW_DTYPE.get(raw, TensorProto.FLOAT)
@@ -267,26 +303,158 @@ def _is_constant(
     return False
 
 
-def _insert_position(graph: GraphProto, tensor: str, placement: str) -> int:
-    """Index of the node after which the tap goes: its producer, -1 for inputs, the last node for 'end'."""
+def _insert_position(graph: GraphProto, tensor: str, placement: str, index: dict[str, int]) -> int:
+    """Index of the node after which the tap goes: its producer, -1 for inputs, the last node for 'end'.
+
+    `index` caches tensor -> producer position for `graph`, filled on first use: scanning the
+    nodes once per tap made injection quadratic (minutes on a 40k-node graph).
+    """
     if placement == "end":
         return len(graph.node) - 1
-    for i, node in enumerate(graph.node):
-        if tensor in node.output:
-            return i
-    return -1
+    if not index:
+        for i, node in enumerate(graph.node):
+            for o in node.output:
+                index.setdefault(o, i)
+    return index.get(tensor, -1)
 
 
-def _splice(graph: GraphProto, by_pos: dict[int, list[NodeProto]]) -> None:
-    nodes = list(by_pos.get(-1, []))
+class _Chunk(NamedTuple):
+    """`n` nodes already encoded as GraphProto.node entries."""
+
+    data: bytes
+    n: int
+
+
+class _TapTemplates:
+    """Builds tap subgraphs: each signature once, then copies with the names swapped.
+
+    Two taps with the same signature (TapInfo, raws, constant, and the byte lengths of the
+    tap prefix and tensor name) differ only in those names. The first is built with
+    placeholder names of the same byte lengths and serialized; each later one is two byte
+    replacements, exact because no protobuf length changes. Building ~150 nodes one by one
+    in Python costs ~2.5 ms a tap (a minute for the 20k taps of a 40k-node graph); a copy
+    costs ~0.07 ms. Tap names (`opscope_t<k>_...`) are then not added to `taken`: the prefix
+    is reserved, and a model already using it gets the node-by-node build.
+    """
+
+    def __init__(self, opset: int, options: sk.SketchOptions, taken: set[str]):
+        self.opset, self.options, self.taken = opset, options, taken
+        self.enabled = not any(n.startswith("opscope_t") for n in taken)
+        self.cache: dict[tuple, tuple[_Chunk, bytes, bytes, dict[str, str]] | None] = {}
+
+    def build(
+        self, prefix: str, tensor: str, info: sk.TapInfo, raws: list[str], constant: bool
+    ) -> tuple[list[NodeProto] | list[_Chunk], dict[str, str]]:
+        """(the tap's nodes, as NodeProtos or as one encoded `_Chunk`; raw -> output name)."""
+        pb, tb = prefix.encode(), tensor.encode()
+        key = (info, tuple(raws), constant, len(pb), len(tb))
+        if self.enabled and key not in self.cache:
+            self.cache[key] = self._template(info, raws, constant, len(pb), len(tb))
+        tpl = self.cache.get(key)
+        if tpl is None:
+            b = Builder(self.opset, prefix, self.taken)
+            return b.nodes, sk.build_tap(b, tensor, info, raws, self.options, constant=constant)
+        chunk, p, t, out = tpl
+        ps, ts = p.decode(), t.decode()
+        names = {r: n.replace(ps, prefix).replace(ts, tensor) for r, n in out.items()}
+        return [_Chunk(chunk.data.replace(p, pb).replace(t, tb), chunk.n)], names
+
+    def _template(
+        self, info: sk.TapInfo, raws: list[str], constant: bool, n_prefix: int, n_tensor: int
+    ) -> tuple[_Chunk, bytes, bytes, dict[str, str]] | None:
+        # ASCII control characters no name uses; the first byte differs from the rest, so an
+        # occurrence cannot overlap another one.
+        p, t = "\x1e" + "\x1d" * (n_prefix - 1), "\x1c" + "\x1b" * (n_tensor - 1)
+        b = Builder(self.opset, p, set())
+        out = sk.build_tap(b, t, info, raws, self.options, constant=constant)
+        g = GraphProto()
+        g.node.extend(b.nodes)
+        data = g.SerializeToString()
+        # Every placeholder in the bytes must be inside a name: one in, say, a constant's raw
+        # bytes would be renamed too. Then this signature is built node by node.
+        counts = _count_in_strings(g, (p, t))
+        if data.count(p.encode()) != counts[0] or data.count(t.encode()) != counts[1]:
+            return None
+        return _Chunk(data, len(b.nodes)), p.encode(), t.encode(), out
+
+
+def _count_in_strings(msg, words: tuple[str, ...]) -> list[int]:
+    """How often each of `words` occurs in the string fields of `msg`, nested messages included."""
+    counts = [0] * len(words)
+    stack = [msg]
+    while stack:
+        m = stack.pop()
+        for fd, value in m.ListFields():
+            if fd.type == fd.TYPE_STRING:
+                for v in [value] if isinstance(value, str) else value:
+                    for i, w in enumerate(words):
+                        counts[i] += v.count(w)
+            elif fd.type == fd.TYPE_MESSAGE:
+                stack.extend([value] if isinstance(value, Message) else value)
+    return counts
+
+
+def _splice(graph: GraphProto, by_pos: dict[int, list]) -> list[int]:
+    """Rebuild `graph.node` with the taps in place; returns each original node's new position.
+
+    Done at the wire level: repeated fields concatenate, so the new node list is the original
+    nodes' encodings with the taps' nodes (NodeProtos, or `_Chunk`s already encoded) between
+    them, parsed back once in C; copying millions of NodeProtos one by one took seconds.
+    """
+    parts: list[bytes] = []
+    moved: list[int] = []
+    count = 0
+
+    def add(items: list) -> None:
+        nonlocal count
+        for x in items:
+            if isinstance(x, _Chunk):
+                parts.append(x.data)
+                count += x.n
+            else:
+                parts.append(_node_entry(x.SerializeToString()))
+                count += 1
+
+    add(by_pos.get(-1, []))
     for i, node in enumerate(graph.node):
-        nodes.append(node)
-        nodes.extend(by_pos.get(i, []))
-    new = [NodeProto() for _ in nodes]
-    for dst, src in zip(new, nodes):
-        dst.CopyFrom(src)
+        moved.append(count)
+        add([node])
+        add(by_pos.get(i, []))
     del graph.node[:]
-    graph.node.extend(new)
+    graph.MergeFromString(b"".join(parts))
+    return moved
+
+
+def _relocate(
+    model: ModelProto, old: dict[str, _GraphCtx], moved: dict[str, list[int]]
+) -> dict[str, _GraphCtx]:
+    """`old`'s paths in the spliced model, each owner found at its original index moved past the taps.
+
+    Re-walking the model would name unnamed owners by their new index (`If_57` for `If_1`)
+    and would also walk every tap's own If branches.
+    """
+    out = {"": _GraphCtx(model.graph, None, None, None)}
+    for path in sorted(old, key=lambda p: p.count("/")):  # a parent path has fewer "/" than its children
+        ctx = old[path]
+        if ctx.parent is None:
+            continue
+        parent = out[ctx.parent].graph
+        i = moved[ctx.parent][ctx.index] if ctx.parent in moved else ctx.index
+        owner = parent.node[i]
+        sub = next(a.g for a in owner.attribute if a.name == ctx.attr)
+        out[path] = _GraphCtx(sub, owner, ctx.attr, ctx.parent, i)
+    return out
+
+
+def _node_entry(data: bytes) -> bytes:
+    """`data` (a serialized NodeProto) as one entry of GraphProto.node (field 1, length-delimited)."""
+    head = bytearray(b"\x0a")
+    n = len(data)
+    while n >= 0x80:
+        head.append(n & 0x7F | 0x80)
+        n >>= 7
+    head.append(n)
+    return bytes(head) + data
 
 
 def _expose(
@@ -297,7 +465,7 @@ def _expose(
     b = Builder(opset, "opscope_x_", taken)
     while path:
         ctx = ctxs[path]
-        ctx.graph.output.append(helper.make_tensor_value_info(name, elem, [None] * (rank + stacked)))
+        _add_output(ctx.graph, name, elem, rank + stacked)
         owner = ctx.owner
         if owner.op_type == "If":
             other_attr = "else_branch" if ctx.attr == "then_branch" else "then_branch"
@@ -315,7 +483,7 @@ def _expose(
                     value=numpy_helper.from_array(empty, dummy),
                 )
             )
-            other.output.append(helper.make_tensor_value_info(dummy, elem, [None] * (rank + stacked)))
+            _add_output(other, dummy, elem, rank + stacked)
         elif owner.op_type in ("Loop", "Scan"):
             stacked += 1
             if owner.op_type == "Scan":
@@ -327,8 +495,20 @@ def _expose(
         new = b.fresh(name.split("/")[-1] + "_up")
         owner.output.append(new)
         name, path = new, ctx.parent
-    ctxs[""].graph.output.append(helper.make_tensor_value_info(name, elem, [None] * (rank + stacked)))
+    _add_output(ctxs[""].graph, name, elem, rank + stacked)
     return name, stacked
+
+
+@functools.cache
+def _tensor_type(elem: int, rank: int) -> onnx.TypeProto:
+    return helper.make_tensor_type_proto(elem, [None] * rank)
+
+
+def _add_output(graph: GraphProto, name: str, elem: int, rank: int) -> None:
+    """Append output `name` (of unknown dims): a tap has ~17 of them, a big model 300k+."""
+    vi = graph.output.add()
+    vi.name = name
+    vi.type.CopyFrom(_tensor_type(elem, rank))
 
 
 def inject_file(

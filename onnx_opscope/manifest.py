@@ -43,9 +43,10 @@ class TapRecord:
     stacked: int  # Loop/Scan levels between the tap and the main graph: outputs gain that many axes
     sketches: list[str]
     outputs: dict[str, str]  # raw name -> graph output name
+    bins: int | None = None  # route taps: the number of experts E, when static
 
     def info(self) -> sk.TapInfo:
-        return sk.TapInfo(self.rank, self.elem_type, self.channel_axis, self.seq_axis)
+        return sk.TapInfo(self.rank, self.elem_type, self.channel_axis, self.seq_axis, self.bins)
 
 
 @dataclass

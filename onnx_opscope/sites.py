@@ -12,6 +12,10 @@ Quantized matmuls are tapped on their integer operands (cast to float for the sk
 when the operand comes out of a QuantizeLinear / DynamicQuantizeLinear or the output goes
 into a DequantizeLinear, on the float tensor next to it (`lhs_float`, `out_float`).
 
+Inference sites (`inference_taps`): Softmax and fused attention (`attn`), TopK / ArgMax
+routers (`route`) and residual Adds (`residual_a`, `residual_b`); `Site.kind` says which
+kind a site is (`gemm` for the ops above) and `Selection.kinds` picks kinds.
+
 Site ids are stable and unique: the node name when it has one and it is unique, otherwise
 `<op_type>_<k>` (k counts that op type in walk order), prefixed with the subgraph path.
 """
@@ -26,6 +30,7 @@ from dataclasses import dataclass, field
 import onnx
 from onnx import GraphProto, ModelProto, NodeProto
 
+from . import inference_taps as it
 from .errors import OpscopeError, did_you_mean, listing
 
 
@@ -35,6 +40,7 @@ class Tap:
     tensor: str
     channel_axis: int = -1
     seq_axis: int = -2
+    bins: int | None = None  # route taps: the number of experts E (None: not static)
 
 
 @dataclass(frozen=True)
@@ -51,8 +57,14 @@ class Site:
     def role(self, name: str) -> Tap | None:
         return next((t for t in self.taps if t.role == name), None)
 
+    @property
+    def kind(self) -> str:
+        """gemm, attn (Softmax, fused attention), route (TopK / ArgMax router) or residual (Add)."""
+        return it.kind_of(self.op_type)
+
 
 SITE_OPS = ("MatMul", "Gemm", "Conv", "ConvTranspose", "LSTM", "GRU", "RNN", "MatMulInteger", "QLinearMatMul")
+TAPPABLE_OPS = SITE_OPS + tuple(it.KINDS)  # inference_taps adds attn / route / residual sites
 _SUBGRAPH_OWNERS = ("If", "Loop", "Scan")
 
 
@@ -113,14 +125,17 @@ def _walk(
     names: Counter,
     out: list[Site],
     skipped: list[str],
+    view: it.GraphView,
+    dims: dict,
 ) -> None:
-    producers = {o: n for n in graph.node for o in n.output}
-    consumers: dict[str, list[NodeProto]] = {}
-    for n in graph.node:
-        for i in n.input:
-            consumers.setdefault(i, []).append(n)
+    producers, consumers = view.producers, view.consumers
     for i, node in enumerate(graph.node):
+        found = None
         if node.op_type in SITE_OPS and node.domain in ("", "ai.onnx"):
+            found = tuple(_roles(node, producers, consumers)), {}
+        elif node.op_type in it.KINDS and (extra := it.find_taps(node, view)) is not None:
+            found = tuple(Tap(*t) for t in extra[0]), extra[1]
+        if found is not None:
             counter[node.op_type] += 1
             base = (
                 node.name
@@ -135,11 +150,14 @@ def _walk(
                     node.name,
                     path,
                     order[0],
-                    tuple(_roles(node, producers, consumers)),
+                    found[0],
                     {
-                        a.name: onnx.helper.get_attribute_value(a)
-                        for a in node.attribute
-                        if a.type in (onnx.AttributeProto.INT, onnx.AttributeProto.FLOAT)
+                        **{
+                            a.name: onnx.helper.get_attribute_value(a)
+                            for a in node.attribute
+                            if a.type in (onnx.AttributeProto.INT, onnx.AttributeProto.FLOAT)
+                        },
+                        **found[1],
                     },
                 )
             )
@@ -158,7 +176,8 @@ def _walk(
                 for n in sub.node:
                     if n.name:
                         names[(sub_path, n.name)] += 1
-                _walk(sub, sub_path, counter, order, names, out, skipped)
+                sub_view = it.graph_view(sub, sub_path, view.opset, dims, view)
+                _walk(sub, sub_path, counter, order, names, out, skipped, sub_view, dims)
 
 
 def find_sites(model: ModelProto) -> list[Site]:
@@ -178,7 +197,10 @@ def _find(model: ModelProto) -> tuple[list[Site], list[str]]:
     names: Counter = Counter(("", n.name) for n in model.graph.node if n.name)
     out: list[Site] = []
     skipped: list[str] = []
-    _walk(model.graph, "", Counter(), [0], names, out, skipped)
+    opset = next((o.version for o in model.opset_import if o.domain in ("", "ai.onnx")), 1)
+    dims = it.infer_dims(model)
+    view = it.graph_view(model.graph, "", opset, dims)
+    _walk(model.graph, "", Counter(), [0], names, out, skipped, view, dims)
     seen: Counter = Counter()
     for i, site in enumerate(out):  # a named node may look like another's generated id: keep ids unique
         seen[site.id] += 1
@@ -204,6 +226,7 @@ class Selection:
     roles: tuple[str, ...] = ()
     min_numel: int = 0
     max_sites: int | None = None
+    kinds: tuple[str, ...] = ()  # gemm, attn, route, residual
 
 
 def select(sites: list[Site], sel: Selection, numel: dict[str, int] | None = None) -> list[Site]:
@@ -214,15 +237,28 @@ def select(sites: list[Site], sel: Selection, numel: dict[str, int] | None = Non
     """
     numel = numel or {}
     chosen = sites
+    if sel.kinds:
+        for k in sel.kinds:
+            if k not in it.SITE_KINDS:
+                raise OpscopeError(
+                    f"--kind {k!r} is not a site kind{did_you_mean(k, it.SITE_KINDS)}; "
+                    f"kinds: {', '.join(it.SITE_KINDS)}"
+                )
+        chosen = [s for s in chosen if s.kind in sel.kinds]
+        if not chosen and sites:
+            raise OpscopeError(
+                f"--kind {','.join(sel.kinds)} matches no site; the model has: "
+                f"{listing(f'{a} ({b})' for a, b in Counter(s.kind for s in sites).items())}"
+            )
     if sel.op_types:
         present = {s.op_type for s in sites}
-        wanted = {o.lower(): o for o in SITE_OPS}
+        wanted = {o.lower(): o for o in TAPPABLE_OPS}
         for op in sel.op_types:
             canon = wanted.get(op.lower())
             if canon is None:
                 raise OpscopeError(
-                    f"--op {op!r} is not an op we can tap{did_you_mean(op, SITE_OPS)}; "
-                    f"tappable: {listing(SITE_OPS)}"
+                    f"--op {op!r} is not an op we can tap{did_you_mean(op, TAPPABLE_OPS)}; "
+                    f"tappable: {listing(TAPPABLE_OPS, limit=20)}"
                 )
             if canon not in present:
                 raise OpscopeError(

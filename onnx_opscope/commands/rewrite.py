@@ -1,0 +1,133 @@
+"""`opscope rewrite skip|fakequant`: write a rewritten model and report its quality against the original.
+
+Thin: parse, call `onnx_opscope.rewrite.skip_blocks` / `fake_quant`, save next to the original's
+external weights (hard links, never copies), then `parity.parity_models` on the same feeds
+(outputs only) for max relative error, cosine and top-1 agreement.
+"""
+
+from __future__ import annotations
+
+import argparse
+from pathlib import Path
+
+from ..data import add_feed_arguments, feed_spec_from_args
+from ..errors import OpscopeError
+from ..model import save_model
+from ..parity import parity_models
+from ..rewrite import QUANT_MODES, fake_quant, residual_sites, skip_blocks
+from ..runtime import add_runtime_arguments, runtime_config_from_args
+
+EPILOG = """examples:
+  opscope rewrite skip model.onnx --list                        # the residual Adds, in execution order
+  opscope rewrite skip model.onnx --blocks 'block2/*' -o skip2.onnx
+  opscope rewrite skip model.onnx --blocks 5,7 -o skip.onnx      # by execution-order index
+  opscope rewrite fakequant model.onnx -o fq.onnx --mode channel --weights
+"""
+
+
+def _common(p: argparse.ArgumentParser) -> None:
+    p.add_argument("model", type=Path, help="the .onnx model (external weights are never loaded)")
+    p.add_argument("-o", "--out", type=Path, default=None, help="where to write the rewritten model")
+    p.add_argument(
+        "--no-check", action="store_true", help="write the model without comparing it to the original"
+    )
+    add_feed_arguments(p)
+    add_runtime_arguments(p)
+
+
+def add_parser(subparsers) -> argparse.ArgumentParser:
+    p = subparsers.add_parser(
+        "rewrite",
+        help="skip residual blocks or fake-quantize activations, and measure what it costs in quality",
+        description="Rewrite a model and compare the rewrite with the original on the same feeds: max "
+        "relative error (max|a-b| / max|a|), cosine, and top-1 agreement when an output looks like logits.",
+        epilog=EPILOG,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
+    sub = p.add_subparsers(dest="transform", metavar="TRANSFORM", required=True)
+    skip = sub.add_parser(
+        "skip",
+        help="replace residual Adds x + f(x) by x and remove the dead block",
+        description="Each chosen residual Add becomes an Identity of its residual input; the block it "
+        "closed, now dead, is removed with its weights.",
+    )
+    _common(skip)
+    skip.add_argument(
+        "--blocks",
+        action="append",
+        default=[],
+        metavar="SITE[,SITE]",
+        help="residual Adds to skip: site ids, node names, globs ('block2/*') or execution-order indices "
+        "(repeatable)",
+    )
+    skip.add_argument("--list", action="store_true", help="list the residual Adds and exit")
+    fq = sub.add_parser(
+        "fakequant",
+        help="symmetric int8 round trip on the activations entering every MatMul / Gemm",
+        description="a' = clip(round(a*127/amax), -127, 127) * amax/127 before every MatMul / Gemm, amax "
+        "per token (over the contraction axis) or per channel (over the token axes).",
+    )
+    _common(fq)
+    fq.add_argument(
+        "--mode", choices=QUANT_MODES, default="token", help="amax per token (default) or channel"
+    )
+    fq.add_argument(
+        "--weights", action="store_true", help="also quantize constant weights, per output channel"
+    )
+    return p
+
+
+def run(args: argparse.Namespace) -> int:
+    if args.transform == "skip" and args.list:
+        sites = residual_sites(args.model)
+        if not sites:
+            print("no residual Add (x + f(x) with weights in f) in this model")
+        for k, s in enumerate(sites):
+            keep = s.role("residual_a" if not s.attrs.get("skip") else "residual_b").tensor
+            print(f"{k:>4}  {s.id}  (keeps {keep})")
+        return 0
+    if args.out is None:
+        raise OpscopeError("-o OUT is required: where to write the rewritten model")
+    if args.out.resolve() == args.model.resolve():
+        raise OpscopeError(f"-o {args.out} is the input model: write the rewrite to another file")
+    if args.transform == "skip":
+        blocks = [b for item in args.blocks for b in item.split(",") if b.strip()]
+        if not blocks:
+            raise OpscopeError(
+                "--blocks is required", hint="`opscope rewrite skip MODEL --list` shows the choices"
+            )
+        model, report = skip_blocks(args.model, blocks)
+        for s in report["skipped"]:
+            print(f"skipped {s['site']}: keeps {s['kept']}, drops {s['dropped']}")
+        ops = ", ".join(f"{k} {v}" for k, v in report["ops_removed"].items())
+        print(
+            f"removed {report['nodes_removed']} nodes ({ops}), {report['initializers_removed']} weights "
+            f"({report['params_removed']:,} parameters, {report['bytes_removed'] / 2**20:.2f} MiB)"
+        )
+    else:
+        model, report = fake_quant(args.model, args.mode, args.weights)
+        acts = sum(q["kind"] == "activation" for q in report["quantized"])
+        print(
+            f"fake-quant ({args.mode}): {acts} activation and {len(report['quantized']) - acts} weight "
+            f"operands quantized to int8"
+            + (f", {len(report['skipped'])} left as they are (not float)" if report["skipped"] else "")
+        )
+    path = save_model(model, args.out, base_dir=args.model.parent)
+    print(f"wrote {path}")
+    if args.no_check:
+        return 0
+    rep = parity_models(
+        args.model, path, feed_spec_from_args(args), runtime_config_from_args(args), layers=False
+    )
+    s = rep.summary()
+    top1 = "" if s["top1"] is None else f", top-1 agreement {s['top1']:.2%}"
+    print(
+        f"quality vs the original on {rep.batches} batches: max rel error {s['max_rel']:.3g}, "
+        f"cosine {s['cosine']:.6f}{top1}"
+    )
+    for name, m in rep.outputs.items():
+        t = "" if m["top1"] is None else f", top-1 {m['top1']:.2%}"
+        print(
+            f"  {name}: max abs {m['max_abs']:.3g}, max rel {m['max_rel']:.3g}, cosine {m['cosine']:.6f}{t}"
+        )
+    return 0
