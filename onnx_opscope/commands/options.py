@@ -6,8 +6,9 @@ import argparse
 import warnings
 
 from ..errors import OpscopeError
+from ..inference_taps import SITE_KINDS
 from ..inject import PLACEMENTS
-from ..sites import SITE_OPS, Selection
+from ..sites import TAPPABLE_OPS, Selection
 from ..sketches import DEFAULT_SKETCHES, HIST_MODES, SketchOptions
 
 
@@ -23,7 +24,16 @@ def add_tap_arguments(parser: argparse.ArgumentParser) -> None:
         action="append",
         default=[],
         metavar="OP[,OP]",
-        help=f"only these op types: {', '.join(SITE_OPS)}",
+        help=f"only these op types: {', '.join(TAPPABLE_OPS)}",
+    )
+    g.add_argument(
+        "--kind",
+        action="append",
+        default=[],
+        metavar="KIND[,KIND]",
+        help=f"only these site kinds: {', '.join(SITE_KINDS)} (gemm: MatMul, Gemm, Conv, recurrent and "
+        "quantized matmuls; attn: Softmax and fused attention; route: TopK/ArgMax routers; residual: Add of "
+        "two activations)",
     )
     g.add_argument(
         "--name",
@@ -88,6 +98,7 @@ def selection_from_args(args: argparse.Namespace) -> Selection:
         roles=_csv(args.role),
         min_numel=args.min_numel,
         max_sites=args.max_sites,
+        kinds=_csv(getattr(args, "kind", [])),
     )
 
 
