@@ -4,4 +4,4 @@ Commands only parse arguments, call the Python API and print; the work lives in 
 library modules so that everything the CLI does is one call from Python.
 """
 
-COMMANDS = ["inject", "record", "demo", "mine", "report", "rewrite", "parity"]
+COMMANDS = ["inject", "record", "analyze", "mine", "report", "rewrite", "parity", "demo"]
