@@ -204,7 +204,8 @@ def _fin_kurtosis(r: Raw, o: SketchOptions) -> np.ndarray:
 
 
 def _f64(x: np.ndarray) -> np.ndarray:
-    return np.asarray(x).astype(np.float64)
+    """x as the graph sees it (cast to float32: ints past 2**24 round, float64 past 3.4e38 is inf), in float64."""
+    return np.asarray(x).astype(np.float32).astype(np.float64)
 
 
 def _finite(x: np.ndarray) -> np.ndarray:
@@ -350,7 +351,7 @@ REGISTRY: dict[str, Sketch] = {
             "nnz",
             _BASE + ("nnz",),
             lambda r, o: np.array([r["nnz"][0] + _n_bad(r)]),
-            lambda x, info, o: np.array([float(np.count_nonzero(np.asarray(x)))]),
+            lambda x, info, o: np.array([float(np.count_nonzero(_f64(x)))]),
             "sum",
             False,
             doc="count of x != 0 (NaN and Inf count)",
