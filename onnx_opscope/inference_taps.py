@@ -28,7 +28,6 @@ miner and the report call (`attention_findings`, `routing_findings`, `residual_f
 
 from __future__ import annotations
 
-import logging
 import math
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
@@ -86,74 +85,39 @@ def kind_of(op_type: str) -> str:
 # shapes: ranks, same-shape tests and expert counts need inference, symbolic dims included
 
 
-SYMBOLIC_MAX_NODES = 10_000
-
-
 def infer_dims(model: ModelProto) -> dict[str, dict[str, Dims | None]]:
-    """Per graph path (as `sites` names them), tensor -> dims (int, symbol str or None each).
+    """Per graph path (as `sites` names them), tensor -> dims (int, symbol expression or None each).
 
-    onnxruntime's symbolic shape inference first (it merges symbols, so x and f(x) get the
-    same dims), onnx's own when that fails; dims onnx invents (`unk__N`) count as unknown.
+    From `shapes.infer_shapes` (onnx inference, per-node rules that carry symbols through
+    Reshape/Concat/Slice, onnxruntime's symbolic inference only where those leave gaps on small
+    graphs), so x and f(x) get equal dims and same-shape tests work on symbolic models.
     """
-    n_nodes = 0
-    has_kinds = False
-    for _, g in iter_graphs(model.graph):
-        n_nodes += len(g.node)
-        has_kinds = has_kinds or any(n.op_type in KINDS for n in g.node)
-    if not has_kinds:
+    if not any(n.op_type in KINDS for _, g in iter_graphs(model.graph) for n in g.node):
         return {}
-    # onnxruntime's symbolic inference is pure Python (~0.1 ms a node): past SYMBOLIC_MAX_NODES
-    # it would dominate injection, so big graphs get onnx's C++ inference only.
-    inferred = _symbolic(model) if n_nodes <= SYMBOLIC_MAX_NODES else None
-    if inferred is None:
-        try:
-            inferred = onnx.shape_inference.infer_shapes(model, strict_mode=False)
-        except Exception:  # best effort: what the model declares
-            inferred = model
+    from .shapes import infer_shapes
+
+    table = infer_shapes(model)
     out: dict[str, dict[str, Dims | None]] = {}
-    for path, g in iter_graphs(inferred.graph):
-        table: dict[str, Dims | None] = {}
-        for vi in [*g.input, *g.output, *g.value_info]:
-            if vi.type.HasField("tensor_type"):
-                tt = vi.type.tensor_type
-                table[vi.name] = [_dim(d) for d in tt.shape.dim] if tt.HasField("shape") else None
-        for t in g.initializer:
-            table[t.name] = [int(d) for d in t.dims]
-        out[path] = table
+    for path, g in iter_graphs(model.graph):
+        names = (
+            [v.name for v in g.input]
+            + [t.name for t in g.initializer]
+            + [o for n in g.node for o in n.output]
+        )
+        dims: dict[str, Dims | None] = {}
+        for name in names:
+            shape = table.shapes.get(name)
+            if shape is not None or name in table.shapes:
+                dims[name] = None if shape is None else [_as_dim(d) for d in shape]
+        out[path] = dims
     return out
 
 
-def _symbolic(model: ModelProto) -> ModelProto | None:
-    try:
-        from onnxruntime.tools.symbolic_shape_infer import SymbolicShapeInference
-    except ImportError:  # pragma: no cover - onnxruntime without its tools
-        return None
-    log = logging.getLogger("onnxruntime.tools.symbolic_shape_infer")
-    level = log.level
-    log.setLevel(logging.CRITICAL)
-    sym = SymbolicShapeInference(2**31 - 1, True, True, 0)
-    try:
-        # SymbolicShapeInference.infer_shapes() would save the whole model, weights included,
-        # as sym_shape_infer_temp.onnx into the working directory when it stops early: drive
-        # its steps ourselves and treat an incomplete run as a failure.
-        sym._preprocess(model)
-        done = False
-        while sym.run_:
-            done = sym._infer_impl()
-        sym._update_output_from_vi()
-        return sym.out_mp_ if done else None
-    except Exception:  # it asserts on ops it does not know (e.g. silero's If bodies)
-        return None
-    finally:
-        log.setLevel(level)
-
-
-def _dim(d) -> int | str | None:
-    if d.HasField("dim_value") and d.dim_value > 0:
-        return int(d.dim_value)
-    if d.HasField("dim_param") and d.dim_param and not d.dim_param.startswith("unk__") and d.dim_param != "?":
-        return d.dim_param
-    return None
+def _as_dim(d) -> int | str | None:
+    """An int, a canonical string for a symbolic expression (equal expressions, equal strings), or None."""
+    if d is None or isinstance(d, int):
+        return d if d is None or d > 0 else None
+    return str(d)
 
 
 # --------------------------------------------------------------------------------------------
