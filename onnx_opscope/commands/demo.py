@@ -7,6 +7,8 @@ from pathlib import Path
 
 from rich.console import Console
 
+from ..costs import analyze
+from ..costs_table import print_report
 from ..data import FeedSpec
 from ..mine import mine, print_findings, save_findings
 from ..record import record
@@ -21,9 +23,9 @@ def add_parser(sub) -> argparse.ArgumentParser:
     p = sub.add_parser(
         "demo",
         help="run the whole loop on a bundled transformer block and show what it finds",
-        description=f"Record sketches of every site of the bundled `{DEMO_MODEL}` model on synthetic inputs "
-        "with outlier channels, mine them for exploitable patterns and write an HTML report. Writes "
-        "everything into --out-dir.",
+        description=f"Analyze the bundled `{DEMO_MODEL}` model's static cost, record sketches of every site on "
+        "synthetic inputs with outlier channels, mine them for exploitable patterns and write an HTML "
+        "report with the roofline. Writes everything into --out-dir.",
     )
     p.add_argument(
         "--out-dir", type=Path, default=Path("opscope-demo"), help="where to write (default: opscope-demo/)"
@@ -49,16 +51,24 @@ def run(args: argparse.Namespace) -> int:
     out_dir.mkdir(parents=True, exist_ok=True)
     model = demo_model(out_dir)
     console.rule(f"[bold]onnx-opscope demo[/] on {model.name}")
-    feeds = FeedSpec(dist="outlier", batches=args.batches, dims={"batch": 2, "seq": 32})
+    dims = {"batch": 2, "seq": 32}
+    costs = analyze(model, dims=dims)
+    costs.write(out_dir / "costs.json")
+    console.print(
+        f"[bold]analyze[/]: {costs.totals['flops'] / 1e6:.1f} MFLOP, {costs.totals['bytes'] / 1e6:.2f} MB moved "
+        f"per batch of {dims['batch']}×{dims['seq']} tokens; top op kinds:"
+    )
+    print_report(costs, top=5)
+    feeds = FeedSpec(dist="outlier", batches=args.batches, dims=dims)
     result = record(model, out=out_dir / "sketches.parquet", feeds=feeds, runtime=RuntimeConfig())
     console.print(
         f"[bold]record[/]: {result.rows} rows from {len(result.manifest.sites)} sites over {result.batches} "
         f"batches in {result.seconds:.1f}s (inputs with outlier channels), parity ok"
     )
-    findings = mine(result.table)
+    findings = mine(result.table, costs=costs)
     save_findings(findings, out_dir / "findings.json")
     console.print("[bold]mine[/]: what the sketches say, best first")
     print_findings(findings, top=10)
-    report = write_report(result.table, findings, out_dir / "report.html")
+    report = write_report(result.table, findings, out_dir / "report.html", costs=costs)
     console.print(f"\n[bold]report[/]: {report}\ntable:  {result.table}\nsites:  {result.sites}")
     return 0
