@@ -59,14 +59,18 @@ class Builder:
         self._taken.add(name)
         return name
 
-    def op(
-        self, op_type: str, inputs: Sequence[str], hint: str | None = None, n_out: int = 1, **attrs
-    ) -> str:
-        """Add one node; returns its (first) output name."""
+    def op(self, op_type: str, inputs: Sequence[str], hint: str | None = None, **attrs) -> str:
+        """Add one node; returns its output name."""
+        return self.ops(op_type, inputs, 1, hint, **attrs)[0]
+
+    def ops(
+        self, op_type: str, inputs: Sequence[str], n_out: int, hint: str | None = None, **attrs
+    ) -> list[str]:
+        """Add one node with `n_out` outputs; returns their names."""
         outs = [self.fresh(hint or op_type.lower()) for _ in range(n_out)]
         node = helper.make_node(op_type, list(inputs), outs, name=self.fresh(f"n_{op_type}"), **attrs)
         self.nodes.append(node)
-        return outs[0]
+        return outs
 
     def const(self, value, dtype=np.float32) -> str:
         arr = np.asarray(value, dtype=dtype)

@@ -320,7 +320,7 @@ HIST_OPTIONS = [
     sk.SketchOptions(hist_mode="exact", hist_range=(-0.5, 2.0), hist_bins=10),
     sk.SketchOptions(hist_mode="sampled", hist_range=(-1.0, 1.0)),
 ]
-# ppocrv4_rec is opset 12 (the exact histogram is a one-hot sum), captcha_crnn opset 17 (ScatterElements)
+# ppocrv4_rec is opset 12 (the exact histogram counts with Unique), captcha_crnn opset 17 (ScatterElements)
 HIST_CASES = [("ppocrv4_rec", o) for o in HIST_OPTIONS] + [
     ("captcha_crnn", HIST_OPTIONS[2]),
     ("captcha_crnn", HIST_OPTIONS[4]),
@@ -337,8 +337,8 @@ def test_hist_modes_match_reference(name, opts):
     feeds = real_feeds(name)
     inst, manifest = inject(path, Selection(kinds=("gemm",), max_sites=12), ["hist"], opts)
     if opts.hist_mode == "exact":
-        scatter = any(n.op_type == "ScatterElements" for n in _all_nodes(inst))
-        assert scatter == (manifest.opset >= 16)
+        counted_by = {n.op_type for n in _all_nodes(inst)} & {"ScatterElements", "Unique"}
+        assert counted_by == ({"ScatterElements"} if manifest.opset >= 16 else {"ScatterElements", "Unique"})
     outs = run_all(inst, feeds)
     compared, _ = check_main_graph(model, feeds, manifest, outs)
     assert compared == len(manifest.taps) >= 12
@@ -364,14 +364,14 @@ def _all_nodes(model: onnx.ModelProto):
         yield from g.node
 
 
-def test_exact_hist_on_opset11_falls_back_to_one_hot():
-    """ScatterElements(reduction=add) needs opset 16: at opset 11 the exact histogram is a one-hot sum."""
+def test_exact_hist_on_opset11_counts_with_unique():
+    """ScatterElements(reduction=add) needs opset 16: at opset 11 the exact histogram uses Unique's counts."""
     model = onnx.load(generated_model_path("opset11_mlp"))
     assert model.opset_import[0].version == 11 and model.ir_version == 6
     opts = sk.SketchOptions(hist_mode="exact")
     inst, manifest = inject(model, None, None, opts)
     ops = {n.op_type for n in _all_nodes(inst)}
-    assert "ScatterElements" not in ops and "Equal" in ops
+    assert "Unique" in ops
     onnx.checker.check_model(inst)
     feeds = zoo.example_feeds("opset11_mlp", model=model)
     outs = run_all(inst, feeds)
