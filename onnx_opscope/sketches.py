@@ -65,6 +65,7 @@ class SketchOptions:
     sample_size: int = 4096
     elemsig_k: int = 16
     max_rows: int = 512  # pos_sumsq / adj_sumsq keep at most this many rows (evenly strided)
+    adj_pairs: int = 32  # adj_sumsq: adjacent pairs per sequence, evenly spaced along the row axis
 
     def __post_init__(self):
         if self.hist_mode not in HIST_MODES:
@@ -285,7 +286,12 @@ def _ref_adj(x, info, o):
     if seq is None:
         return np.zeros(0)
     c = _clean(_view(x, info))
-    d = np.diff(c, axis=seq)
+    n = c.shape[seq] - 1
+    if n <= 0:
+        return np.zeros(0)
+    k = min(n, o.adj_pairs)
+    t = (np.arange(k, dtype=np.int64) * n) // k
+    d = np.take(c, t + 1, axis=seq) - np.take(c, t, axis=seq)
     return _row_cap((d**2).sum(axis=ch), o)
 
 
@@ -441,7 +447,7 @@ REGISTRY: dict[str, Sketch] = {
             True,
             tol=(1e-4, 1e-6),
             needs_rank=True,
-            doc="sum of (row_t - row_{t-1})^2 along the sequence axis, per adjacent pair",
+            doc="sum of (row_{t+1} - row_t)^2 over the channel axis, for adj_pairs evenly spaced pairs per sequence",
         ),
         Sketch(
             "attn_qmax",
@@ -601,7 +607,7 @@ def build_tap(
     branches = []
     for slow in (True, False):
         sub = b.child()
-        names = _build_inner(sub, xf, info, inner, o, slow)
+        names = _build_inner(sub, xf, info, inner, o, slow, total=None if slow else s)
         outputs = [
             helper.make_tensor_value_info(names[r], TensorProto.FLOAT, [None] * raw_rank(r)) for r in inner
         ]
@@ -617,9 +623,12 @@ def build_tap(
 
 
 def _build_inner(
-    b: Builder, x: str, info: TapInfo, raws: list[str], o: SketchOptions, slow: bool
+    b: Builder, x: str, info: TapInfo, raws: list[str], o: SketchOptions, slow: bool, total: str | None = None
 ) -> dict[str, str]:
     """Raw statistics of x; `slow` masks NaN/Inf first (the fast branch knows there are none).
+
+    `total` is Σx when the caller already has it (finite, in the fast branch): Σy is then
+    Σx / scale, one pass fewer.
 
     Measured on CPU (onnxruntime, a [512, 256] float tensor): a full-tensor reduction costs
     about 5-10 us, a reduction that keeps the last axis (per-channel) about 40 us and Sign
@@ -647,15 +656,26 @@ def _build_inner(
         if slow:
             absx = b.op("Where", [bad, b.const(-1.0), absx])
         keep = [a for a in range(info.rank) if a != axes[0]]
+        if keep and axes[0] == info.rank - 1:
+            # Reducing every axis but the last is ~2x slower in onnxruntime than transposing the
+            # channels to the front and reducing the contiguous rest (measured: 117 vs 58 us on
+            # [4, 128, 256]).
+            absx = b.op("Transpose", [absx], perm=[axes[0], *keep])
+            keep = list(range(1, info.rank))
         out["chan_abs"] = b.flat(b.reduce("ReduceMax", absx, keep)) if keep else absx
     # +-inf in min/max means "no finite value" (empty or all masked): the scale is then irrelevant
     absmax = b.op("Max", [b.op("Abs", [out["min"]]), b.op("Abs", [out["max"]])])
     absmax = b.op("Where", [b.op("IsInf", [absmax]), b.const(0.0), absmax])
     scale = b.op("Add", [absmax, b.const(EPS_SCALE)], "scale")
     out["scale"] = scale
-    y = b.op("Div", [xs, scale], "y")
-    ysum = b.reduce("ReduceSum", y, hint="ysum")
-    out["ysum"] = ysum
+    wants = set(raws)
+    sum_needed = bool(wants & {"ysum", "m2", "m4"})
+    y_needed = bool(wants & {"yl1", "m2", "m4", "pos", "yss", "adj", "hist"}) or (sum_needed and not total)
+    y = b.op("Div", [xs, scale], "y") if y_needed else None  # one pass: built only when a sum needs it
+    ysum = None
+    if sum_needed:
+        ysum = b.op("Div", [total, scale], "ysum") if total else b.reduce("ReduceSum", y, hint="ysum")
+        out["ysum"] = ysum
     if "yl1" in raws:
         out["yl1"] = b.reduce("ReduceL1", y, hint="yl1")
     if "nnz" in raws:
@@ -685,8 +705,12 @@ def _build_inner(
         if seq is None:
             out["adj"] = b.const(np.zeros(0, np.float32))
         else:
-            big = np.iinfo(np.int64).max
-            diff = b.op("Sub", [b.slice(y, 1, big, seq), b.slice(y, 0, -1, seq)])
+            # Only `adj_pairs` evenly spaced pairs per sequence: the miner needs the mean ratio to
+            # pos_sumsq, and diffing every pair cost 4 passes over the tensor (two Slice copies).
+            rows = b.op("Gather", [b.op("Shape", [y]), b.i64(seq)], axis=0)
+            t = b.strided_indices(b.op("Sub", [rows, b.i64(1)]), o.adj_pairs)
+            after = b.op("Gather", [y, b.op("Add", [t, b.i64(1)])], axis=seq)
+            diff = b.op("Sub", [after, b.op("Gather", [y, t], axis=seq)])
             adj = b.flat(b.reduce("ReduceSumSquare", diff, [ch]))
             out["adj"] = b.op("Gather", [adj, b.strided_indices(b.op("Size", [adj]), o.max_rows)], axis=0)
     if "hist" in raws:
