@@ -34,7 +34,7 @@ from . import sketches as sk
 from .errors import OpscopeError
 from .manifest import Manifest, SiteRecord, TapRecord
 from .model import ModelLike, file_sha256, load_model, model_sha256, opset_version
-from .ops import MIN_OPSET, Builder
+from .ops import MIN_OPSET, Builder, Constants
 from .sites import Selection, Site, find_sites, select
 
 PLACEMENTS = ("producer", "end")
@@ -188,6 +188,8 @@ def inject(
         sites = select(found, sites or Selection(), numel)
     constants = _constants(ctxs)
     taken = _all_names(m, ctxs)
+    # IR 3 wants every initializer listed as a graph input too: keep Constant nodes there.
+    shared = Constants(taken) if m.ir_version >= 4 else None
     n_original = len(m.graph.output)
 
     taps: dict[tuple, TapRecord] = {}
@@ -209,14 +211,14 @@ def inject(
                     ti = _lookup(types, ctxs, path, name)
                     return (ti.elem_type, ti.rank) if ti else (TensorProto.UNDEFINED, None)
 
-                b = Builder(opset, f"opscope_s{len(shadow_at)}_", taken)
+                b = Builder(opset, f"opscope_s{len(shadow_at)}_", taken, shared)
                 pos = it.build_shadow(b, ctxs[path].graph, tap.tensor, type_of)
                 inserts.setdefault(path, {}).setdefault(pos, []).extend(b.nodes)
                 shadow_at[(path, tap.tensor)] = pos
                 types.setdefault(path, {})[tap.tensor] = _TypeInfo(TensorProto.FLOAT, 4, None)
     site_records = []
     producer_pos: dict[str, dict[str, int]] = {}  # per graph: tensor -> index of its producer
-    templates = _TapTemplates(opset, options, taken)
+    templates = _TapTemplates(opset, options, taken, shared)
     for site in sites:
         roles: dict[str, str] = {}
         shape_roles: dict[str, str] = {}
@@ -265,6 +267,8 @@ def inject(
         for path in sorted(inserts, key=lambda p: -p.count("/"))
     }
     ctxs = _relocate(m, ctxs, moved)
+    if shared is not None:
+        m.graph.initializer.extend(shared.tensors)
     for tap in taps.values():
         for raw, name in list(tap.outputs.items()):
             elem = sk.RAW_DTYPE.get(raw, TensorProto.FLOAT)
@@ -337,8 +341,8 @@ class _TapTemplates:
     is reserved, and a model already using it gets the node-by-node build.
     """
 
-    def __init__(self, opset: int, options: sk.SketchOptions, taken: set[str]):
-        self.opset, self.options, self.taken = opset, options, taken
+    def __init__(self, opset: int, options: sk.SketchOptions, taken: set[str], constants: Constants | None):
+        self.opset, self.options, self.taken, self.constants = opset, options, taken, constants
         self.enabled = not any(n.startswith("opscope_t") for n in taken)
         self.cache: dict[tuple, tuple[_Chunk, bytes, bytes, dict[str, str]] | None] = {}
 
@@ -352,7 +356,7 @@ class _TapTemplates:
             self.cache[key] = self._template(info, raws, constant, len(pb), len(tb))
         tpl = self.cache.get(key)
         if tpl is None:
-            b = Builder(self.opset, prefix, self.taken)
+            b = Builder(self.opset, prefix, self.taken, self.constants)
             return b.nodes, sk.build_tap(b, tensor, info, raws, self.options, constant=constant)
         chunk, p, t, out = tpl
         ps, ts = p.decode(), t.decode()
@@ -365,7 +369,7 @@ class _TapTemplates:
         # ASCII control characters no name uses; the first byte differs from the rest, so an
         # occurrence cannot overlap another one.
         p, t = "\x1e" + "\x1d" * (n_prefix - 1), "\x1c" + "\x1b" * (n_tensor - 1)
-        b = Builder(self.opset, p, set())
+        b = Builder(self.opset, p, set(), self.constants)
         out = sk.build_tap(b, t, info, raws, self.options, constant=constant)
         g = GraphProto()
         g.node.extend(b.nodes)

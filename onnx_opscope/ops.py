@@ -33,22 +33,48 @@ def scatter_add_available(opset: int) -> bool:
     return opset >= 16
 
 
+class Constants:
+    """Constants shared by every tap of a model, kept as main-graph initializers, one per value.
+
+    Subgraph bodies may read outer-scope initializers, so a tap inside an If branch or a Loop
+    body uses them too; without sharing, each of ~170 tap nodes in 7 was a Constant node.
+    """
+
+    def __init__(self, taken: set[str]):
+        self._taken = taken
+        self._names: dict[tuple, str] = {}
+        self.tensors: list[onnx.TensorProto] = []
+
+    def name_for(self, arr: np.ndarray) -> str:
+        key = (arr.dtype.str, arr.shape, arr.tobytes())
+        if key not in self._names:
+            name, i = "opscope_c0", 0
+            while name in self._taken:
+                i += 1
+                name = f"opscope_c{i}"
+            self._taken.add(name)
+            self._names[key] = name
+            self.tensors.append(numpy_helper.from_array(arr, name))
+        return self._names[key]
+
+
 class Builder:
     """Appends nodes to `self.nodes` for one graph at one opset; names are unique across the model.
 
     State is real here (the node list, the name counter and the constant cache), hence a class.
     """
 
-    def __init__(self, opset: int, prefix: str, taken: set[str]):
+    def __init__(self, opset: int, prefix: str, taken: set[str], constants: Constants | None = None):
         self.opset = opset
         self.prefix = prefix
         self.nodes: list[NodeProto] = []
         self._taken = taken
         self._consts: dict[tuple, str] = {}
+        self.constants = constants
 
     def child(self) -> Builder:
-        """A builder for a subgraph body (its own nodes and constants, the same name space)."""
-        return Builder(self.opset, self.prefix, self._taken)
+        """A builder for a subgraph body (its own nodes, the same name space and shared constants)."""
+        return Builder(self.opset, self.prefix, self._taken, self.constants)
 
     def fresh(self, hint: str) -> str:
         name = f"{self.prefix}{hint}"
@@ -74,6 +100,8 @@ class Builder:
 
     def const(self, value, dtype=np.float32) -> str:
         arr = np.asarray(value, dtype=dtype)
+        if self.constants is not None:
+            return self.constants.name_for(arr)
         key = (arr.dtype.str, arr.shape, arr.tobytes())
         if key not in self._consts:
             name = self.fresh("c")

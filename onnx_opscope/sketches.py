@@ -608,6 +608,9 @@ def build_tap(
     for slow in (True, False):
         sub = b.child()
         names = _build_inner(sub, xf, info, inner, o, slow, total=None if slow else s)
+        made = {name for n in sub.nodes for name in n.output}
+        # A branch output must be made inside the branch: shared constants live outside.
+        names = {r: n if n in made else sub.op("Identity", [n], r) for r, n in names.items()}
         outputs = [
             helper.make_tensor_value_info(names[r], TensorProto.FLOAT, [None] * raw_rank(r)) for r in inner
         ]
