@@ -44,6 +44,7 @@ from .opcosts import CONTROL_FLOW, FORMULAS, PARTIAL_READS, VIEWS, Gemm, op_coun
 from .roofline import Device, classify, est_time, get_device, intensity
 from .shapes import Dim, ShapeTable, dtype_size, get_attr, infer_shapes
 from .symbolic import Dimlike, Poly, evaluate, free_symbols, prod, to_number, to_text
+from .symbolic import add as _add
 
 _RANK_SYMBOL_VALUE = 64  # symbols still free are set to this only to compare If branches
 
@@ -512,15 +513,6 @@ def _scaled(rec: OpCost, repeat: Dim) -> OpCost:
     ):
         setattr(rec, f, _mul(getattr(rec, f), repeat))
     return rec
-
-
-def _add(*xs: Dim) -> Dim:
-    out: Dimlike = 0
-    for x in xs:
-        if x is None:
-            return None
-        out = out + x
-    return out
 
 
 def _mul(*xs: Dim) -> Dim:

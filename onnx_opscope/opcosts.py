@@ -50,7 +50,8 @@ from typing import NamedTuple
 from onnx import NodeProto
 
 from .shapes import Dim, Shape, get_attr, op_set
-from .symbolic import Dimlike, Poly, prod
+from .symbolic import Poly, prod
+from .symbolic import add as _plus
 
 Gemm = tuple[Dim, Dim, Dim, Dim]  # (batch, M, K, N)
 
@@ -150,15 +151,6 @@ def _has(node: NodeProto, i: int) -> bool:
 
 def _times(*xs: Dim) -> Dim:
     return prod(xs)
-
-
-def _plus(*xs: Dim) -> Dim:
-    out: Dimlike = 0
-    for x in xs:
-        if x is None:
-            return None
-        out = out + x
-    return out
 
 
 def _div(a: Dim, b: Dim) -> Dim:

@@ -18,7 +18,13 @@ def _csv(items: list[str]) -> tuple[str, ...]:
 
 def add_tap_arguments(parser: argparse.ArgumentParser) -> None:
     """--op/--name/--role/--min-numel/--max-sites (which tensors) and --sketch/--hist-* (what to measure)."""
-    g = parser.add_argument_group("sites", "which tensors to tap (default: every site, subgraphs included)")
+    add_site_arguments(parser)
+    add_sketch_arguments(parser)
+
+
+def add_site_arguments(parser: argparse.ArgumentParser, title: str = "which tensors to tap") -> None:
+    """--op/--kind/--name/--role/--min-numel/--max-sites, read back by `selection_from_args`."""
+    g = parser.add_argument_group("sites", f"{title} (default: every site, subgraphs included)")
     g.add_argument(
         "--op",
         action="append",
@@ -60,6 +66,10 @@ def add_tap_arguments(parser: argparse.ArgumentParser) -> None:
     g.add_argument(
         "--max-sites", type=int, default=None, metavar="N", help="keep the first N sites in execution order"
     )
+
+
+def add_sketch_arguments(parser: argparse.ArgumentParser) -> None:
+    """--sketch/--hist-*/--placement, read back by `sketches_from_args` and `sketch_options_from_args`."""
     s = parser.add_argument_group("sketches", "what to measure on each tapped tensor")
     s.add_argument(
         "--sketch",

@@ -11,20 +11,15 @@ from pathlib import Path
 
 from ..data import add_feed_arguments, feed_spec_from_args
 from ..errors import OpscopeError
-from ..inference_taps import SITE_KINDS
 from ..parity import DEFAULT_TOL, parity_models, parity_providers
 from ..runtime import add_runtime_arguments, runtime_config_from_args
-from ..sites import Selection
+from .options import add_site_arguments, selection_from_args
 
 EPILOG = """examples:
   opscope parity model.onnx fq.onnx --shape x:1,3,48,320 --tol 0.05   # original vs rewrite
   opscope parity model.onnx --providers cpu,cuda                      # provider vs provider
   opscope parity model.onnx skip.onnx --json parity.json --no-layers
 """
-
-
-def _csv(items: list[str]) -> tuple[str, ...]:
-    return tuple(t.strip() for item in items for t in item.split(",") if t.strip())
 
 
 def add_parser(subparsers) -> argparse.ArgumentParser:
@@ -58,21 +53,7 @@ def add_parser(subparsers) -> argparse.ArgumentParser:
     )
     p.add_argument("--no-layers", action="store_true", help="compare the outputs only")
     p.add_argument("--json", type=Path, default=None, metavar="FILE", help="also write the report as JSON")
-    g = p.add_argument_group("sites", "which sites the layer-wise comparison taps (default: all)")
-    g.add_argument("--op", action="append", default=[], metavar="OP[,OP]", help="only these op types")
-    g.add_argument(
-        "--name", action="append", default=[], metavar="GLOB", help="only matching sites (repeatable)"
-    )
-    g.add_argument(
-        "--kind",
-        action="append",
-        default=[],
-        metavar="KIND[,KIND]",
-        help=f"only these kinds: {', '.join(SITE_KINDS)}",
-    )
-    g.add_argument(
-        "--max-sites", type=int, default=None, metavar="N", help="the first N sites in execution order"
-    )
+    add_site_arguments(p, "which sites the layer-wise comparison taps")
     add_feed_arguments(p)
     add_runtime_arguments(p)
     return p
@@ -84,9 +65,7 @@ def run(args: argparse.Namespace) -> int:
             "give either a second model to compare with, or --providers EP,EP (not both)",
             hint="opscope parity A.onnx B.onnx  |  opscope parity A.onnx --providers cpu,cuda",
         )
-    sel = Selection(
-        op_types=_csv(args.op), names=tuple(args.name), kinds=_csv(args.kind), max_sites=args.max_sites
-    )
+    sel = selection_from_args(args)
     feeds, runtime = feed_spec_from_args(args), runtime_config_from_args(args)
     common = dict(tol=args.tol, layer_tol=args.layer_tol, selection=sel, layers=not args.no_layers)
     if args.providers is not None:
