@@ -19,6 +19,7 @@ and the parity result).
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import os
 import shutil
@@ -220,7 +221,7 @@ def record(
         base_dir = Path(model).parent
     source = load_model(model)
     instrumented, manifest = inject(model, sites, sketches, options, placement)
-    session = make_session(instrumented, runtime, base_dir=base_dir)
+    session = make_session(instrumented, dataclasses.replace(runtime, mem_pattern=False), base_dir=base_dir)
     provider = _short_provider(session.get_providers()[0])
     record_rt = runtime.to_record(session)
     run_id = run_id or f"{Path(manifest.source).stem}-{datetime.now(timezone.utc):%Y%m%dT%H%M%S}"

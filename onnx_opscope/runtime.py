@@ -153,6 +153,9 @@ class RuntimeConfig:
     graph_opt: str = "all"
     threads: int | None = None
     fallback: bool = False
+    # onnxruntime's memory pattern pre-plans one arena block for every intermediate; a tapped
+    # model has many small ones and measured +74 MB with it, +25 MB without, at the same speed.
+    mem_pattern: bool = True
 
     def __post_init__(self) -> None:
         if self.graph_opt not in GRAPH_OPT_LEVELS:
@@ -169,6 +172,7 @@ class RuntimeConfig:
     def session_options(self) -> ort.SessionOptions:
         so = ort.SessionOptions()
         so.graph_optimization_level = GRAPH_OPT_LEVELS[self.graph_opt]
+        so.enable_mem_pattern = self.mem_pattern
         if self.threads is not None:
             so.intra_op_num_threads = self.threads
         # Failures are reported by us in one line; onnxruntime's own error log would repeat
@@ -192,6 +196,7 @@ class RuntimeConfig:
             "graph_opt": self.graph_opt,
             "threads": self.threads,
             "fallback": self.fallback,
+            "mem_pattern": self.mem_pattern,
             "onnxruntime": ort.__version__,
         }
 
