@@ -221,9 +221,10 @@ def record(
         base_dir = Path(model).parent
     source = load_model(model)
     instrumented, manifest = inject(model, sites, sketches, options, placement)
-    session = make_session(instrumented, dataclasses.replace(runtime, mem_pattern=False), base_dir=base_dir)
+    tapped_runtime = dataclasses.replace(runtime, mem_pattern=False)
+    session = make_session(instrumented, tapped_runtime, base_dir=base_dir)
     provider = _short_provider(session.get_providers()[0])
-    record_rt = runtime.to_record(session)
+    record_rt = tapped_runtime.to_record(session)
     run_id = run_id or f"{Path(manifest.source).stem}-{datetime.now(timezone.utc):%Y%m%dT%H%M%S}"
     dist = "data" if feeds.data is not None else feeds.dist
     tap_outputs = manifest.output_names()
