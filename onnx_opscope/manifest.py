@@ -21,6 +21,7 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
 import numpy as np
+import pyarrow as pa
 
 from . import sketches as sk
 from .errors import OpscopeError
@@ -145,23 +146,72 @@ def manifest_path_for(model_path: str | os.PathLike) -> Path:
 # decoding
 
 
-@dataclass
 class Rows:
-    """Columns of tidy rows for one batch (cheap to append to a table)."""
+    """Tidy rows of one batch, kept as one chunk per (site, role, stat) until columns are asked for.
 
-    site: list[str] = field(default_factory=list)
-    op_type: list[str] = field(default_factory=list)
-    role: list[str] = field(default_factory=list)
-    stat: list[str] = field(default_factory=list)
-    idx: list[int] = field(default_factory=list)
-    value: list[float] = field(default_factory=list)
-    numel: list[int] = field(default_factory=list)
-    M: list[int | None] = field(default_factory=list)
-    K: list[int | None] = field(default_factory=list)
-    N: list[int | None] = field(default_factory=list)
+    `to_arrow()` builds the table with dictionary codes and numpy repeats; building Python
+    lists of ~100k strings per batch made decoding cost more than the taps on small models.
+    The list-valued attributes (site, op_type, role, stat, idx, value, numel, M, K, N) stay for
+    callers that iterate.
+    """
+
+    COLUMNS = ("site", "op_type", "role", "stat", "idx", "value", "numel", "M", "K", "N")
+    _META = ("site", "op_type", "role", "stat", "numel", "M", "K", "N")
+
+    def __init__(self) -> None:
+        self._meta: list[tuple] = []  # one (site, op_type, role, stat, numel, M, K, N) per chunk
+        self._values: list[np.ndarray] = []
+
+    def add(self, meta: tuple, values: np.ndarray) -> None:
+        if len(values):
+            self._meta.append(meta)
+            self._values.append(np.asarray(values, np.float64))
 
     def __len__(self) -> int:
-        return len(self.value)
+        return sum(len(v) for v in self._values)
+
+    def _repeat(self, field_name: str) -> list:
+        i = self._META.index(field_name)
+        return [m[i] for m, v in zip(self._meta, self._values) for _ in range(len(v))]
+
+    def __getattr__(self, name: str) -> list:
+        if name in self._META:
+            return self._repeat(name)
+        if name == "idx":
+            return [j for v in self._values for j in range(len(v))]
+        if name == "value":
+            return np.concatenate(self._values).tolist() if self._values else []
+        raise AttributeError(name)
+
+    def chunks(self) -> list[tuple]:
+        """One (site, op_type, role, stat, numel, M, K, N) per chunk of rows, in row order."""
+        return list(self._meta)
+
+    def to_pydict(self) -> dict[str, list]:
+        return {c: getattr(self, c) for c in self.COLUMNS}
+
+    def to_arrow(self) -> pa.Table:
+        """The rows as a pyarrow Table with columns M, K, N, numel, site, op_type, role, stat, idx, value."""
+        counts = np.array([len(v) for v in self._values], np.int64)
+        chunk = np.repeat(np.arange(len(counts)), counts)
+        starts = np.cumsum(counts) - counts
+        cols: dict[str, pa.Array] = {}
+        for name in ("M", "K", "N", "numel"):
+            i = self._META.index(name)
+            per_chunk = [m[i] for m in self._meta]
+            missing = np.array([v is None for v in per_chunk], bool)
+            ints = np.array([0 if v is None else v for v in per_chunk], np.int64)
+            cols[name] = pa.array(ints[chunk], pa.int64(), mask=missing[chunk])
+        for name in ("site", "op_type", "role", "stat"):
+            i = self._META.index(name)
+            labels = [m[i] for m in self._meta]
+            uniq = list(dict.fromkeys(labels))
+            code = {u: i for i, u in enumerate(uniq)}
+            codes = np.array([code[v] for v in labels], np.int32)[chunk]
+            cols[name] = pa.DictionaryArray.from_arrays(codes, pa.array(uniq, pa.string())).cast(pa.string())
+        cols["idx"] = pa.array(np.arange(len(chunk), dtype=np.int64) - starts[chunk])
+        cols["value"] = pa.array(np.concatenate(self._values) if self._values else np.zeros(0), pa.float64())
+        return pa.table(cols)
 
 
 def decode_tap(
@@ -276,15 +326,5 @@ def decode(manifest: Manifest, outputs: dict[str, np.ndarray]) -> Rows:
                 continue
             numel = int(np.prod(shape)) if shape else 1
             for stat, vals in values.items():
-                cnt = len(vals)
-                rows.site += [site.id] * cnt
-                rows.op_type += [site.op_type] * cnt
-                rows.role += [role] * cnt
-                rows.stat += [stat] * cnt
-                rows.idx += range(cnt)
-                rows.value += vals.tolist()
-                rows.numel += [numel] * cnt
-                rows.M += [m] * cnt
-                rows.K += [k] * cnt
-                rows.N += [n] * cnt
+                rows.add((site.id, site.op_type, role, stat, numel, m, k, n), vals)
     return rows

@@ -117,16 +117,15 @@ def _short_provider(name: str) -> str:
 
 
 def _batch_table(rows: Rows, run_id: str, step: int, provider: str, dist: str) -> pa.Table:
-    n = len(rows)
-    return pa.table({
-        "run_id": pa.array([run_id] * n, pa.string()), "step": pa.array([step] * n, pa.int64()),
-        "provider": pa.array([provider] * n, pa.string()), "dist": pa.array([dist] * n, pa.string()),
-        "M": pa.array(rows.M, pa.int64()), "K": pa.array(rows.K, pa.int64()), "N": pa.array(rows.N, pa.int64()),
-        "numel": pa.array(rows.numel, pa.int64()), "site": pa.array(rows.site, pa.string()),
-        "op_type": pa.array(rows.op_type, pa.string()), "role": pa.array(rows.role, pa.string()),
-        "stat": pa.array(rows.stat, pa.string()), "idx": pa.array(rows.idx, pa.int64()),
-        "value": pa.array(rows.value, pa.float64()),
-    }, schema=SCHEMA)  # fmt: skip
+    t = rows.to_arrow()
+    n = t.num_rows
+    head = {
+        "run_id": pa.repeat(pa.scalar(run_id, pa.string()), n),
+        "step": pa.repeat(pa.scalar(step, pa.int64()), n),
+        "provider": pa.repeat(pa.scalar(provider, pa.string()), n),
+        "dist": pa.repeat(pa.scalar(dist, pa.string()), n),
+    }
+    return pa.table({**head, **{c: t.column(c) for c in t.column_names}}).select(SCHEMA.names).cast(SCHEMA)
 
 
 class _TableWriter:
@@ -294,7 +293,7 @@ def _feed_record(spec: FeedSpec) -> dict:
 
 def _site_dims(rows: Rows) -> dict[str, tuple]:
     dims: dict[str, tuple] = {}
-    for site, m, k, n in zip(rows.site, rows.M, rows.K, rows.N):
+    for site, _, _, _, _, m, k, n in rows.chunks():
         if site not in dims:
             dims[site] = (m, k, n)
     return dims

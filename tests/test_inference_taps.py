@@ -329,7 +329,7 @@ def _table(model_name: str, dims: dict, steps: int = 2):
         feeds = zoo.example_feeds(model_name, seed=step, dims=dims)
         outs = dict(zip([o.name for o in sess.get_outputs()], sess.run(None, feeds)))
         rows = decode(manifest, outs)
-        for k, v in vars(rows).items():
+        for k, v in rows.to_pydict().items():
             cols.setdefault(k, []).extend(v)
         cols.setdefault("step", []).extend([step] * len(rows))
     return cols

@@ -122,8 +122,10 @@ def test_runtime_config_and_record():
         "graph_opt": "basic",
         "threads": 2,
         "fallback": False,
+        "mem_pattern": True,
         "onnxruntime": ort.__version__,
     }
+    assert so.enable_mem_pattern and not RuntimeConfig(mem_pattern=False).session_options().enable_mem_pattern
     with pytest.raises(OpscopeError) as e:
         RuntimeConfig(graph_opt="extnded")
     assert "did you mean 'extended'" in one_line(e)
