@@ -364,7 +364,8 @@ def test_bert_layer_symbolic_then_evaluated():
 
 
 def test_bert_layer_with_onnxruntime_symbolic_matches_fallback():
-    pytest.importorskip("sympy")
+    import sympy  # noqa: F401 - a dependency: onnxruntime's symbolic inference needs it
+
     a = analyze(bert_layer(), symbolic=True)
     b = analyze(bert_layer(), symbolic=False)
     assert "ok" in a.shape_sources["onnxruntime-symbolic"]
@@ -806,7 +807,8 @@ def test_real_model_symbolic_equals_concrete(real_model):
 def test_onnxruntime_symbolic_partial_failure_is_kept():
     """ORT's symbolic inference stops inside silero's nested Ifs; what it found plus the fallback still
     resolves every counted node once the input sizes are given."""
-    pytest.importorskip("sympy")
+    import sympy  # noqa: F401 - a dependency: onnxruntime's symbolic inference needs it
+
     shapes = {"input": [1, 512], "state": [2, 1, 128]}
     rep = analyze(real_model_path("silero_vad_v6"), shapes=shapes, symbolic=True)
     assert rep.shape_sources["onnxruntime-symbolic"].split()[0] in ("ok", "partial", "partial,")
