@@ -152,10 +152,12 @@ def host_stats(x: np.ndarray, bins: int = 32) -> tuple:
 # rows
 
 
-def _session(model: str | onnx.ModelProto, graph_opt: str, base_dir: str | None = None):
+def _session(
+    model: str | onnx.ModelProto, graph_opt: str, base_dir: str | None = None, mem_pattern: bool = True
+):
     from onnx_opscope.runtime import RuntimeConfig, make_session
 
-    return make_session(model, RuntimeConfig(graph_opt=graph_opt), base_dir=base_dir)
+    return make_session(model, RuntimeConfig(graph_opt=graph_opt, mem_pattern=mem_pattern), base_dir=base_dir)
 
 
 def run_plain(job: dict, graph_opt: str) -> dict:
@@ -167,8 +169,9 @@ def run_plain(job: dict, graph_opt: str) -> dict:
 
 
 def run_opscope(job: dict, sketches: list[str] | None, hist_mode: str, decode_rows: bool = True) -> dict:
-    """inject + one session; per batch: run (all outputs) and decode the sketches into table rows
-    on the host (`decode_rows=False` leaves the decoding out, to show what it costs)."""
+    """inject + one session (no memory pattern, as `record` runs it); per batch: run (all outputs) and
+    decode the sketches into table rows on the host (`decode_rows=False` leaves the decoding out, to
+    show what it costs)."""
     from onnx_opscope.inject import inject
     from onnx_opscope.manifest import decode
     from onnx_opscope.sites import Selection
@@ -178,14 +181,14 @@ def run_opscope(job: dict, sketches: list[str] | None, hist_mode: str, decode_ro
     model, manifest = inject(
         job["model"], Selection(op_types=tuple(job["ops"])), sketches, SketchOptions(hist_mode=hist_mode)
     )
-    sess = _session(model, "all", str(Path(job["model"]).parent))
+    sess = _session(model, "all", str(Path(job["model"]).parent), mem_pattern=False)  # as `record` does
     del model
     names = [o.name for o in sess.get_outputs()]
 
     def step(feeds: Feeds) -> None:
         outputs = sess.run(None, feeds)
-        if decode_rows:
-            decode(manifest, dict(zip(names, outputs)))
+        if decode_rows:  # what `record` does per batch: rows, then Arrow columns
+            decode(manifest, dict(zip(names, outputs))).to_arrow()
 
     times = timed(step, batches, job["warmup"])
     live = sum(not t.constant for t in manifest.taps)
