@@ -367,31 +367,13 @@ class _Walker:
                     f"{branches[1 - keep][0]} reported but not counted"
                 )
             return
-        if op == "Loop":
-            trip = self._trip_count(node)
-            body_note = note
-            if trip is None:
-                body_repeat = repeat
-                body_note = _join(note, "per-iteration")
-                self.notes.append(
-                    f"Loop {nid}: trip count not constant; its body is counted once (per-iteration)"
-                )
-            else:
-                body_repeat = _mul(repeat, trip)
-            for attr, graphs in subs:
-                self.walk(graphs[0], _sub_path(path, node, i, attr, 0, 1), body_repeat, counted, body_note)
-            return
-        if op == "Scan":
-            iters = self._scan_length(node)
-            body_note = note
+        if op in ("Loop", "Scan"):
+            iters = self._trip_count(node) if op == "Loop" else self._scan_length(node)
+            body_repeat, body_note = _mul(repeat, iters), note
             if iters is None:
-                body_repeat = repeat
-                body_note = _join(note, "per-iteration")
-                self.notes.append(
-                    f"Scan {nid}: scan length unknown; its body is counted once (per-iteration)"
-                )
-            else:
-                body_repeat = _mul(repeat, iters)
+                what = "trip count not constant" if op == "Loop" else "scan length unknown"
+                body_repeat, body_note = repeat, _join(note, "per-iteration")
+                self.notes.append(f"{op} {nid}: {what}; its body is counted once (per-iteration)")
             for attr, graphs in subs:
                 self.walk(graphs[0], _sub_path(path, node, i, attr, 0, 1), body_repeat, counted, body_note)
             return
