@@ -23,6 +23,7 @@ from onnx_opscope.runtime import (
     ProviderFallbackWarning,
     RuntimeConfig,
     add_runtime_arguments,
+    for_tapped,
     make_session,
     resolve_providers,
     run,
@@ -123,9 +124,16 @@ def test_runtime_config_and_record():
         "threads": 2,
         "fallback": False,
         "mem_pattern": True,
+        "execution_order": "default",
         "onnxruntime": ort.__version__,
     }
     assert so.enable_mem_pattern and not RuntimeConfig(mem_pattern=False).session_options().enable_mem_pattern
+    tapped = for_tapped(RuntimeConfig(threads=2))
+    assert (tapped.threads, tapped.mem_pattern, tapped.execution_order) == (2, False, "priority")
+    assert tapped.session_options().execution_order == ort.ExecutionOrder.PRIORITY_BASED
+    with pytest.raises(OpscopeError) as e:
+        RuntimeConfig(execution_order="fast")
+    assert "unknown execution order 'fast'" in one_line(e)
     with pytest.raises(OpscopeError) as e:
         RuntimeConfig(graph_opt="extnded")
     assert "did you mean 'extended'" in one_line(e)
