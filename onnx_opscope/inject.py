@@ -9,6 +9,13 @@ Placement: by default each tap's nodes go right after the node producing the ten
 without the tap; `placement="end"` appends them after every original node instead (what
 naive instrumentation does: it keeps intermediates alive to the end of the run).
 
+Weights: a tap on a constant tensor (an initializer or a `Constant` node's output, outer
+scopes included) gets no nodes and no outputs. Its `TapRecord` says `constant`; its values
+do not change between batches, so `weights.host_values` computes them once on the host from
+the model (the source or the instrumented one: both hold the initializers) and
+`manifest.decode(..., host=...)` takes them from there. Folding them in the graph instead
+cost onnxruntime hundreds of MB at session creation.
+
 Subgraphs: a tap inside an `If` branch becomes a new output of that branch (the other
 branch returns an empty tensor, which decodes as "did not run") and of the `If` node; a tap
 inside a `Loop` or `Scan` body becomes a new scan output, so its values come back once per
@@ -232,12 +239,14 @@ def inject(
                 chosen = [] if only_shape else sk.sketches_for(own, info)
                 raws = ["shape"] if only_shape else sk.raws_for(chosen, info, options)
                 is_const = _is_constant(constants, ctxs, site.graph, tap.tensor)
-                nodes, out = templates.build(f"opscope_t{len(taps)}_", tap.tensor, info, raws, is_const)
-                pos = shadow_at.get((site.graph, tap.tensor))
-                if pos is None or placement == "end":
-                    index = producer_pos.setdefault(site.graph, {})
-                    pos = _insert_position(ctxs[site.graph].graph, tap.tensor, placement, index)
-                inserts.setdefault(site.graph, {}).setdefault(pos, []).extend(nodes)
+                out: dict[str, str] = {}
+                if not is_const:  # a weight's sketches are computed on the host (weights.host_values)
+                    nodes, out = templates.build(f"opscope_t{len(taps)}_", tap.tensor, info, raws)
+                    pos = shadow_at.get((site.graph, tap.tensor))
+                    if pos is None or placement == "end":
+                        index = producer_pos.setdefault(site.graph, {})
+                        pos = _insert_position(ctxs[site.graph].graph, tap.tensor, placement, index)
+                    inserts.setdefault(site.graph, {}).setdefault(pos, []).extend(nodes)
                 taps[key] = TapRecord(
                     f"t{len(taps)}",
                     tap.tensor,
@@ -271,7 +280,7 @@ def inject(
         m.graph.initializer.extend(shared.tensors)
     for tap in taps.values():
         for raw, name in list(tap.outputs.items()):
-            elem = sk.RAW_DTYPE.get(raw, TensorProto.FLOAT)
+            elem = sk.raw_dtype(raw, options)
             tap.outputs[raw], tap.stacked = _expose(
                 ctxs, tap.graph, name, elem, sk.raw_rank(raw), taken, opset
             )
@@ -332,7 +341,7 @@ class _Chunk(NamedTuple):
 class _TapTemplates:
     """Builds tap subgraphs: each signature once, then copies with the names swapped.
 
-    Two taps with the same signature (TapInfo, raws, constant, and the byte lengths of the
+    Two taps with the same signature (TapInfo, raws, and the byte lengths of the
     tap prefix and tensor name) differ only in those names. The first is built with
     placeholder names of the same byte lengths and serialized; each later one is two byte
     replacements, exact because no protobuf length changes. Building ~150 nodes one by one
@@ -347,30 +356,30 @@ class _TapTemplates:
         self.cache: dict[tuple, tuple[_Chunk, bytes, bytes, dict[str, str]] | None] = {}
 
     def build(
-        self, prefix: str, tensor: str, info: sk.TapInfo, raws: list[str], constant: bool
+        self, prefix: str, tensor: str, info: sk.TapInfo, raws: list[str]
     ) -> tuple[list[NodeProto] | list[_Chunk], dict[str, str]]:
         """(the tap's nodes, as NodeProtos or as one encoded `_Chunk`; raw -> output name)."""
         pb, tb = prefix.encode(), tensor.encode()
-        key = (info, tuple(raws), constant, len(pb), len(tb))
+        key = (info, tuple(raws), len(pb), len(tb))
         if self.enabled and key not in self.cache:
-            self.cache[key] = self._template(info, raws, constant, len(pb), len(tb))
+            self.cache[key] = self._template(info, raws, len(pb), len(tb))
         tpl = self.cache.get(key)
         if tpl is None:
             b = Builder(self.opset, prefix, self.taken, self.constants)
-            return b.nodes, sk.build_tap(b, tensor, info, raws, self.options, constant=constant)
+            return b.nodes, sk.build_tap(b, tensor, info, raws, self.options)
         chunk, p, t, out = tpl
         ps, ts = p.decode(), t.decode()
         names = {r: n.replace(ps, prefix).replace(ts, tensor) for r, n in out.items()}
         return [_Chunk(chunk.data.replace(p, pb).replace(t, tb), chunk.n)], names
 
     def _template(
-        self, info: sk.TapInfo, raws: list[str], constant: bool, n_prefix: int, n_tensor: int
+        self, info: sk.TapInfo, raws: list[str], n_prefix: int, n_tensor: int
     ) -> tuple[_Chunk, bytes, bytes, dict[str, str]] | None:
         # ASCII control characters no name uses; the first byte differs from the rest, so an
         # occurrence cannot overlap another one.
         p, t = "\x1e" + "\x1d" * (n_prefix - 1), "\x1c" + "\x1b" * (n_tensor - 1)
         b = Builder(self.opset, p, set(), self.constants)
-        out = sk.build_tap(b, t, info, raws, self.options, constant=constant)
+        out = sk.build_tap(b, t, info, raws, self.options)
         g = GraphProto()
         g.node.extend(b.nodes)
         data = g.SerializeToString()

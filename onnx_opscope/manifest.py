@@ -5,12 +5,15 @@ feeding three sites is reduced once), so the manifest has three parts:
 
 - `sites`: id, op type, node, subgraph, execution order, and for each role the tap it uses;
 - `taps`: one per tapped tensor: tensor name, subgraph, rank, channel/seq axes, static numel
-  (null when symbolic), how many Loop/Scan levels stack its outputs, and raw -> output name;
+  (null when symbolic), whether it is a weight (`constant`: no outputs, computed on the host),
+  how many Loop/Scan levels stack its outputs, and raw -> output name;
 - `outputs`: the flat view DESIGN.md asks for, one entry per appended output (output, tap,
   tensor, raw stat, the (site, role) pairs it serves, static length where known).
 
 `decode` turns a run's outputs into tidy rows (site, op_type, role, stat, idx, value, numel)
-plus per-site GEMM dims M, K, N resolved from the run-time shapes.
+plus per-site GEMM dims M, K, N resolved from the run-time shapes. Taps on weights
+(`constant`) have no outputs: their values come from `weights.host_values`, computed once on
+the host and passed to `decode(..., host=...)`.
 """
 
 from __future__ import annotations
@@ -219,8 +222,14 @@ def decode_tap(
 ) -> tuple[dict[str, np.ndarray], list[int] | None]:
     """Sketch values of one tap (merged over Loop/Scan iterations) and its run-time shape.
 
-    Returns ({}, None) when the tap's subgraph did not run (an If branch not taken).
+    Returns ({}, None) when the tap's subgraph did not run (an If branch not taken). Not for
+    weight taps (`tap.constant`): they have no outputs, `decode_taps` takes them from the host.
     """
+    if tap.constant:
+        raise OpscopeError(
+            f"tap {tap.id} ({tap.tensor!r}) is a weight: it has no graph outputs to decode",
+            hint="its values come from weights.host_values(); decode() and decode_taps() take them as host=",
+        )
     parts = _split_iterations(tap, raw_out)
     if not parts:
         return {}, None
@@ -238,18 +247,19 @@ def decode_tap(
 def _split_iterations(tap: TapRecord, raw_out: dict[str, np.ndarray]) -> list[dict[str, np.ndarray]]:
     arrays = {raw: np.asarray(raw_out[name]) for raw, name in tap.outputs.items()}
     if tap.stacked == 0:
-        return (
-            []
-            if arrays["shape"].size == 0
-            else [{k: v.astype(np.float64).ravel() for k, v in arrays.items()}]
-        )
+        return [] if arrays["shape"].size == 0 else [{k: _raw_values(k, v) for k, v in arrays.items()}]
     parts = []
     lead = arrays["shape"].shape[: tap.stacked]
     for i in np.ndindex(*lead):
-        part = {k: np.asarray(v[i]).astype(np.float64).ravel() for k, v in arrays.items()}
+        part = {k: _raw_values(k, np.asarray(v[i])) for k, v in arrays.items()}
         if part["shape"].size:
             parts.append(part)
     return parts
+
+
+def _raw_values(raw: str, v: np.ndarray) -> np.ndarray:
+    """A raw output as the host side reads it: float64, but bin indices stay small integers."""
+    return v.ravel() if raw == "hidx" else v.astype(np.float64).ravel()
 
 
 def _merge(name: str, vals: list[np.ndarray], numels: list[int]) -> np.ndarray:
@@ -307,11 +317,57 @@ def gemm_dims(site: SiteRecord, shapes: dict[str, list[int]]) -> tuple[int | Non
     return None, None, None
 
 
-def decode(manifest: Manifest, outputs: dict[str, np.ndarray]) -> Rows:
-    """Tidy rows for one run: every (site, role, sketch, element) that ran."""
+HostValues = dict[str, tuple[dict[str, np.ndarray], list[int]]]  # what weights.host_values returns
+
+
+def decode_taps(
+    manifest: Manifest, outputs: dict[str, np.ndarray], host: HostValues | None = None
+) -> dict[str, tuple[dict[str, np.ndarray], list[int] | None]]:
+    """tap id -> (sketch values, run-time shape) for one run; ({}, None) for a tap that did not run.
+
+    Taps with graph outputs are decoded from `outputs` (`decode_tap`); constant taps (weights)
+    have none and take their values from `host` (`weights.host_values`), computed once. A weight
+    tap in a subgraph follows the subgraph: ({}, None) when the other taps of its graph, or of
+    a graph around it, say it did not run (an If branch not taken, a Loop run zero times). In a
+    subgraph where only weights are tapped there is nothing to tell: the weight's values are given.
+    """
+    const = [t for t in manifest.taps if t.constant]
+    if const and host is None:
+        raise OpscopeError(
+            f"the manifest has {len(const)} weight taps, computed on the host, not in the graph: "
+            "pass host=host_values(manifest, model) (from onnx_opscope.weights) to decode",
+            hint="host_values reads the weights once from the source or the instrumented model",
+        )
     opts = manifest.sketch_options()
-    taps = {t.id: t for t in manifest.taps}
-    decoded = {tid: decode_tap(t, outputs, opts) for tid, t in taps.items()}
+    decoded = {t.id: decode_tap(t, outputs, opts) for t in manifest.taps if not t.constant}
+    if not const:
+        return decoded
+    ran: dict[str, bool] = {}  # graph -> whether its live taps ran (they all run, or none)
+    for t in manifest.taps:
+        if not t.constant:
+            ran[t.graph] = ran.get(t.graph, False) or decoded[t.id][1] is not None
+    skipped = [g for g, r in ran.items() if g and not r]
+    for t in const:
+        if any(t.graph == g or t.graph.startswith(g + "/") for g in skipped):
+            decoded[t.id] = ({}, None)
+            continue
+        if t.id not in host:
+            raise OpscopeError(
+                f"host values have no entry for weight tap {t.id} ({t.tensor!r})",
+                hint="compute them with host_values() for this manifest",
+            )
+        values, shape = host[t.id]
+        decoded[t.id] = ({name: values[name] for name in t.sketches}, list(shape))
+    return decoded
+
+
+def decode(manifest: Manifest, outputs: dict[str, np.ndarray], host: HostValues | None = None) -> Rows:
+    """Tidy rows for one run: every (site, role, sketch, element) that ran.
+
+    `host`: the weight taps' values, `weights.host_values(manifest, model)` computed once and
+    passed to every decode; needed when the manifest has weight taps (`TapRecord.constant`).
+    """
+    decoded = decode_taps(manifest, outputs, host)
     rows = Rows()
     for site in manifest.sites:
         shapes = {

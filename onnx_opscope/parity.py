@@ -34,10 +34,11 @@ from .data import FeedSpec, input_signature, iter_feeds
 from .errors import OpscopeError
 from .inference_taps import SHADOW_SUFFIX
 from .inject import inject
-from .manifest import Manifest, decode
+from .manifest import HostValues, Manifest, decode
 from .model import ModelLike, load_model
 from .runtime import RuntimeConfig, make_session, resolve_providers, run
 from .sites import Selection, Site, find_sites, select
+from .weights import host_values
 
 DEFAULT_TOL = 1e-3
 LAYER_SKETCHES = ("min", "max", "sumsq", "nan_count", "inf_count")
@@ -324,8 +325,13 @@ def _compare(
     manifest_a: Manifest | None,
     manifest_b: Manifest | None,
     original_outputs: list[str],
+    host_a: HostValues | None = None,
+    host_b: HostValues | None = None,
 ) -> ParityReport:
-    """Run every batch on both sides, keeping only per-output metrics and per-statistic divergences."""
+    """Run every batch on both sides, keeping only per-output metrics and per-statistic divergences.
+
+    `host_*`: each side's weight-tap values (`weights.host_values`), computed once.
+    """
     merged: dict[str, dict] = {}
     worst: dict[tuple[str, str, str], float] = {}
     for feeds in feeds_iter:
@@ -338,7 +344,7 @@ def _compare(
             merged[name] = _merge_metrics(merged.get(name), m, rows)
         if manifest_a is not None and manifest_b is not None:
             for key, d in _layer_divergences(
-                manifest_a, decode(manifest_a, oa), decode(manifest_b, ob)
+                manifest_a, decode(manifest_a, oa, host_a), decode(manifest_b, ob, host_b)
             ).items():
                 worst[key] = max(worst.get(key, 0.0), d)
         report.batches += 1
@@ -394,17 +400,19 @@ def parity_models(
         )
     report = ParityReport(_label(model_a), _label(model_b), tol, tol if layer_tol is None else layer_tol)
     outputs = [o.name for o in a.graph.output]
-    man_a = man_b = None
+    man_a = man_b = host_a = host_b = None
+    dir_a, dir_b = _base_dir(model_a, base_dir_a), _base_dir(model_b, base_dir_b)
     if layers:
         sites_a = select(find_sites(a), selection or Selection())
         sites_b, report.sites_only_in_a = _sites_in(b, sites_a)
         kept = {s.id for s in sites_b}
         a, man_a = inject(a, [s for s in sites_a if s.id in kept], list(LAYER_SKETCHES))
         b, man_b = inject(b, sites_b, list(LAYER_SKETCHES))
-    run_a, sess = _session_runner(a, runtime, _base_dir(model_a, base_dir_a))
-    run_b, _ = _session_runner(b, runtime, _base_dir(model_b, base_dir_b))
+        host_a, host_b = host_values(man_a, a, dir_a), host_values(man_b, b, dir_b)
+    run_a, sess = _session_runner(a, runtime, dir_a)
+    run_b, _ = _session_runner(b, runtime, dir_b)
     report.runtime = runtime.to_record(sess)
-    return _compare(report, iter_feeds(model_a, feeds), run_a, run_b, man_a, man_b, outputs)
+    return _compare(report, iter_feeds(model_a, feeds), run_a, run_b, man_a, man_b, outputs, host_a, host_b)
 
 
 def parity_providers(
@@ -437,9 +445,10 @@ def parity_providers(
     feeds = feeds or FeedSpec()
     m = load_model(model)
     outputs = [o.name for o in m.graph.output]
-    man = None
+    man = host = None
     if layers:
         m, man = inject(m, selection or Selection(), list(LAYER_SKETCHES))
+        host = host_values(man, m, _base_dir(model, base_dir))  # the same weights on both sides
     cfgs = [RuntimeConfig(p, runtime.graph_opt, runtime.threads, False) for p in items]
     report = ParityReport(
         f"{_label(model)} on {items[0]}", items[1], tol, tol if layer_tol is None else layer_tol
@@ -447,7 +456,7 @@ def parity_providers(
     run_a, sess = _session_runner(m, cfgs[0], _base_dir(model, base_dir))
     run_b, sess_b = _session_runner(m, cfgs[1], _base_dir(model, base_dir))
     report.runtime = {"a": cfgs[0].to_record(sess), "b": cfgs[1].to_record(sess_b)}
-    return _compare(report, iter_feeds(model, feeds), run_a, run_b, man, man, outputs)
+    return _compare(report, iter_feeds(model, feeds), run_a, run_b, man, man, outputs, host, host)
 
 
 def validate_skips(

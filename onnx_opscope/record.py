@@ -1,6 +1,7 @@
 """Run batches through an instrumented model and write the tidy sketch table.
 
-`record` injects the sketches, opens one onnxruntime session, checks on the first batch
+`record` injects the sketches, takes the weights' sketches once on the host
+(`weights.host_values`), opens one onnxruntime session, checks on the first batch
 that the model's own outputs did not move (the parity gate), then runs every batch,
 decodes the extra outputs through the manifest and appends the rows to the table:
 
@@ -19,11 +20,11 @@ and the parity result).
 
 from __future__ import annotations
 
-import dataclasses
 import json
 import os
 import shutil
 import time
+import warnings
 from collections.abc import Callable
 from dataclasses import asdict, dataclass, field
 from datetime import datetime, timezone
@@ -41,8 +42,9 @@ from .errors import OpscopeError
 from .inject import inject
 from .manifest import Manifest, Rows, decode
 from .model import ModelLike, load_model
-from .runtime import RuntimeConfig, make_session, run
+from .runtime import RuntimeConfig, for_tapped, make_session, resolve_providers, run
 from .sites import Selection, Site
+from .weights import host_values
 
 SCHEMA = pa.schema([
     ("run_id", pa.string()), ("step", pa.int64()), ("provider", pa.string()), ("dist", pa.string()),
@@ -219,8 +221,10 @@ def record(
     if base_dir is None and not isinstance(model, ModelProto):
         base_dir = Path(model).parent
     source = load_model(model)
+    options = sk.for_providers(options or sk.SketchOptions(), _providers_quietly(runtime))
     instrumented, manifest = inject(model, sites, sketches, options, placement)
-    tapped_runtime = dataclasses.replace(runtime, mem_pattern=False)
+    host = host_values(manifest, source, base_dir)  # the weight taps, once, before any batch
+    tapped_runtime = for_tapped(runtime)
     session = make_session(instrumented, tapped_runtime, base_dir=base_dir)
     provider = _short_provider(session.get_providers()[0])
     record_rt = tapped_runtime.to_record(session)
@@ -254,7 +258,7 @@ def record(
                         hint="record with --opt-level disable, or loosen --parity-tol; --no-parity skips the check",
                         exit_code=3,
                     )
-            rows = decode(manifest, outputs)
+            rows = decode(manifest, outputs, host)
             if step == 0:
                 site_dims = _site_dims(rows)
             writer.write(_batch_table(rows, run_id, step, provider, dist))
@@ -277,6 +281,13 @@ def record(
     return RecordResult(
         out, sites_path, run_path, manifest, steps, n_rows, meta["seconds"], parity_result, record_rt
     )
+
+
+def _providers_quietly(runtime: RuntimeConfig) -> list[str]:
+    """The providers the session will get; its own creation warns about any fallback."""
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        return resolve_providers(runtime.providers, fallback=runtime.fallback)
 
 
 def _default_batches() -> int:

@@ -176,11 +176,13 @@ def run_opscope(job: dict, sketches: list[str] | None, hist_mode: str, decode_ro
     from onnx_opscope.manifest import decode
     from onnx_opscope.sites import Selection
     from onnx_opscope.sketches import SketchOptions
+    from onnx_opscope.weights import host_values
 
     batches = load_batches(job["feeds"])
     model, manifest = inject(
         job["model"], Selection(op_types=tuple(job["ops"])), sketches, SketchOptions(hist_mode=hist_mode)
     )
+    host = host_values(manifest, job["model"])  # weight taps: once, on the host, as `record` does
     sess = _session(model, "all", str(Path(job["model"]).parent), mem_pattern=False)  # as `record` does
     del model
     names = [o.name for o in sess.get_outputs()]
@@ -188,11 +190,11 @@ def run_opscope(job: dict, sketches: list[str] | None, hist_mode: str, decode_ro
     def step(feeds: Feeds) -> None:
         outputs = sess.run(None, feeds)
         if decode_rows:  # what `record` does per batch: rows, then Arrow columns
-            decode(manifest, dict(zip(names, outputs))).to_arrow()
+            decode(manifest, dict(zip(names, outputs)), host).to_arrow()
 
     times = timed(step, batches, job["warmup"])
     live = sum(not t.constant for t in manifest.taps)
-    return {"times": times, "tensors": live, "note": f"+{len(manifest.taps) - live} weight taps (folded)"}
+    return {"times": times, "tensors": live, "note": f"+{len(manifest.taps) - live} weight taps (host, once)"}
 
 
 class _Reader:

@@ -30,10 +30,11 @@ sys.path.insert(0, str(ROOT))
 from onnx_opscope import sketches as sk  # noqa: E402
 from onnx_opscope import zoo  # noqa: E402
 from onnx_opscope.inject import inject  # noqa: E402
-from onnx_opscope.manifest import decode, decode_tap  # noqa: E402
+from onnx_opscope.manifest import decode, decode_taps  # noqa: E402
 from onnx_opscope.model import load_model  # noqa: E402
 from onnx_opscope.runtime import RuntimeConfig, make_session  # noqa: E402
 from onnx_opscope.sites import Selection  # noqa: E402
+from onnx_opscope.weights import host_values  # noqa: E402
 
 REAL = ROOT / "models" / "real"
 MODES = ("sampled", "exact", "host")
@@ -71,8 +72,9 @@ def hists(model, feeds, mode: str) -> dict[str, tuple[np.ndarray, int]]:
     sess = make_session(inst, RuntimeConfig(graph_opt="disable"))
     outs = dict(zip([o.name for o in sess.get_outputs()], sess.run(None, feeds)))
     got = {}
+    decoded = decode_taps(manifest, outs, host_values(manifest, inst))  # weights: on the host
     for tap in manifest.taps:
-        values, shape = decode_tap(tap, outs, opts)
+        values, shape = decoded[tap.id]
         if shape is not None and "hist" in values:
             got[f"{tap.graph}:{tap.tensor}"] = (values["hist"], int(np.prod(shape)) if shape else 1)
     return got
@@ -141,8 +143,10 @@ def timing(runs: int) -> None:
             t_run = timed(lambda s=sess: s.run(None, feeds), runs)
             out_names = [o.name for o in sess.get_outputs()]
 
-            def run_decode(s=sess, m=manifest, o=out_names) -> None:
-                decode(m, dict(zip(o, s.run(None, feeds))))
+            host = host_values(manifest, inst)
+
+            def run_decode(s=sess, m=manifest, o=out_names, h=host) -> None:
+                decode(m, dict(zip(o, s.run(None, feeds))), h)
 
             t_all = timed(run_decode, runs)
             print(

@@ -24,6 +24,7 @@ from onnx_opscope.model import load_model
 from onnx_opscope.ops import Builder
 from onnx_opscope.runtime import RuntimeConfig, make_session
 from onnx_opscope.sites import Selection, find_sites, select
+from onnx_opscope.weights import host_values
 
 CFG = RuntimeConfig(graph_opt="disable")
 
@@ -324,11 +325,12 @@ def _table(model_name: str, dims: dict, steps: int = 2):
     model = zoo.build(model_name)
     inst, manifest = inject(model)  # every site: attn stats also land on the av MatMul lhs role
     sess = make_session(inst, CFG)
+    host = host_values(manifest, model)
     cols: dict[str, list] = {}
     for step in range(steps):
         feeds = zoo.example_feeds(model_name, seed=step, dims=dims)
         outs = dict(zip([o.name for o in sess.get_outputs()], sess.run(None, feeds)))
-        rows = decode(manifest, outs)
+        rows = decode(manifest, outs, host)
         for k, v in rows.to_pydict().items():
             cols.setdefault(k, []).extend(v)
         cols.setdefault("step", []).extend([step] * len(rows))

@@ -36,9 +36,10 @@ from onnx_opscope import sketches as sk
 from onnx_opscope import zoo
 from onnx_opscope.errors import OpscopeError
 from onnx_opscope.inject import inject
-from onnx_opscope.manifest import decode, decode_tap
+from onnx_opscope.manifest import decode, decode_tap, decode_taps
 from onnx_opscope.model import iter_graphs, load_model
 from onnx_opscope.runtime import RuntimeConfig, make_session, run
+from onnx_opscope.weights import host_values
 
 RTOL_OPT, ATOL_OPT = 1e-4, 1e-6
 OFF, ALL = RuntimeConfig(graph_opt="disable"), RuntimeConfig(graph_opt="all")
@@ -177,13 +178,14 @@ def test_two_batch_sizes_and_sequence_lengths():
     inst, manifest = inject(model)
     sess = make_session(inst, OFF)
     names = [o.name for o in sess.get_outputs()]
+    host = host_values(manifest, inst)
     for batch, seq in ((1, 5), (3, 11)):
         feeds = zoo.example_feeds("transformer_block", model=model, dims={"batch": batch, "seq": seq})
         outs = dict(zip(names, sess.run(None, feeds)))
         assert_same_outputs(run_all(model, feeds), outs, True, f"{batch}x{seq}")
         taps = [t for t in manifest.taps if "hist" in t.sketches]
         values = tensor_values(model, sorted({t.tensor for t in taps}), feeds)
-        check_taps(taps, outs, values, manifest.sketch_options())
+        check_taps(taps, outs, values, manifest.sketch_options(), host)
         x_tap = next(t for t in taps if t.tensor == "block/ln1_output_0")
         assert decode_tap(x_tap, outs, manifest.sketch_options())[1] == [batch, seq, 64]
 
@@ -194,11 +196,12 @@ def test_real_model_two_shapes():
     _, manifest = real_case("ppocrv4_rec")[2:4]
     sess = real_session("ppocrv4_rec")
     names = [o.name for o in sess.get_outputs()]
+    host = host_values(manifest, real_model_path("ppocrv4_rec"))
     for n, w in ((1, 64), (2, 96)):
         feeds = real_feeds("ppocrv4_rec", n=n, w=w)
         outs = dict(zip(names, sess.run(None, feeds)))
         assert_same_outputs(run_all(model, feeds), outs, True, f"rec {n}x{w}")
-        rows = decode(manifest, outs)
+        rows = decode(manifest, outs, host)
         first = manifest.sites[0]
         numel = {r: v for s, r, v in zip(rows.site, rows.role, rows.numel) if s == first.id}
         assert numel["in"] == n * 3 * 48 * w
@@ -208,14 +211,9 @@ def test_real_model_two_shapes():
 # subgraphs: If branches, nested If, Loop, Scan
 
 
-def _ran(manifest, outs) -> set[str]:
-    opts = manifest.sketch_options()
-    taps = {t.id: t for t in manifest.taps}
-    return {
-        s.id
-        for s in manifest.sites
-        if any(decode_tap(taps[tid], outs, opts)[1] is not None for tid in s.roles.values())
-    }
+def _ran(manifest, decoded: dict) -> set[str]:
+    """The sites with a role that ran (`decoded`: from decode_taps)."""
+    return {s.id for s in manifest.sites if any(decoded[tid][1] is not None for tid in s.roles.values())}
 
 
 def test_silero_subgraph_sites_per_sample_rate():
@@ -223,21 +221,24 @@ def test_silero_subgraph_sites_per_sample_rate():
     model, _, inst, manifest, _ = real_case("silero_vad_v6")
     sess = real_session("silero_vad_v6")
     names = [o.name for o in sess.get_outputs()]
+    host = host_values(manifest, inst, real_model_path("silero_vad_v6").parent)
     assert all(s.graph for s in manifest.sites) and len(manifest.sites) == 16
     for sr, branch, samples in ((16000, "then_branch", 512), (8000, "else_branch", 256)):
         feeds = real_feeds("silero_vad_v6", sr=sr)
         feeds["input"] = feeds["input"][:, :samples]  # 8 kHz takes 256-sample chunks (512 fails in the model)
         outs = dict(zip(names, sess.run(None, feeds)))
         assert_same_outputs(run_all(model, feeds), outs, True, f"silero {sr}")
-        ran = _ran(manifest, outs)
+        decoded = decode_taps(manifest, outs, host)
+        ran = _ran(manifest, decoded)
         under = {s.id for s in manifest.sites if s.id.startswith(f"If_0/{branch}/")}
         lstms = {s.id for s in manifest.sites if s.op_type == "LSTM" and s.id in under}
         assert len(under) == 8 and len(lstms) == 2
         assert ran <= under and under - ran <= lstms and len(ran & lstms) == 1, sorted(under - ran)
-        # the taps that ran hold the values of the inlined model's tensors
-        taps = [t for t in manifest.taps if decode_tap(t, outs, manifest.sketch_options())[1] is not None]
+        # the taps that ran, weights included, hold the values of the inlined model's tensors
+        taps = [t for t in manifest.taps if decoded[t.id][1] is not None]
+        assert any(t.constant for t in taps)
         values = tensor_values(inline_taken_ifs(model, feeds), sorted({t.tensor for t in taps}), feeds)
-        check_taps(taps, outs, values, manifest.sketch_options())
+        check_taps(taps, outs, values, manifest.sketch_options(), host)
     # 512 samples at 8 kHz fail inside the model itself, tapped or not: one clear line naming the LSTM
     feeds = real_feeds("silero_vad_v6", sr=8000)
     for m in (model, inst):
@@ -252,6 +253,7 @@ def test_if_model_both_branches_and_nested_if():
     inst, manifest = inject(model)
     sess = make_session(inst, OFF)
     names = [o.name for o in sess.get_outputs()]
+    host = host_values(manifest, inst)
     assert len(manifest.sites) == 3
     then_mm, else_mm, inner_mm = (
         next(s.id for s in manifest.sites if s.id.endswith(k))
@@ -263,18 +265,25 @@ def test_if_model_both_branches_and_nested_if():
         feeds = {"x": (gain * rng.standard_normal((2, 16))).astype(np.float32), "flag": np.array(flag)}
         outs = dict(zip(names, sess.run(None, feeds)))
         assert_same_outputs(run_all(model, feeds), outs, True, f"if {flag} {gain}")
-        ran = _ran(manifest, outs)
+        decoded = decode_taps(manifest, outs, host)
+        ran = _ran(manifest, decoded)
         flat = inline_taken_ifs(model, feeds)
         inner_taken = any(n.name.startswith("inner_then/") for n in flat.graph.node)
         assert ran == ({then_mm, inner_mm} if inner_taken else {then_mm} if flag else {else_mm})
         seen_inner.add(inner_taken if flag else None)
-        taps = [t for t in manifest.taps if decode_tap(t, outs, manifest.sketch_options())[1] is not None]
+        taps = [t for t in manifest.taps if decoded[t.id][1] is not None]
         check_taps(
             taps,
             outs,
             tensor_values(flat, sorted({t.tensor for t in taps}), feeds),
             manifest.sketch_options(),
+            host,
         )
+        # every role of a site, its weight included, ran or did not run with the site
+        const = {t.id for t in manifest.taps if t.constant}
+        assert any(t in const for s in manifest.sites for t in s.roles.values())
+        for s in manifest.sites:
+            assert all((decoded[t][1] is not None) == (s.id in ran) for t in s.roles.values()), s.id
     assert seen_inner == {None, True, False}  # the nested If ran both ways
 
 
@@ -282,7 +291,7 @@ def test_loop_and_scan_taps_are_stacked_per_iteration():
     """Loop: one row of raws per iteration (3); Scan: one per sequence step; merged on the host."""
     model = zoo.build("loop")
     feeds = zoo.example_feeds("loop", model=model)
-    inst, manifest = inject(model)
+    inst, manifest = inject(model, None, ["all"])
     outs = run_all(inst, feeds)
     plain = run_all(model, feeds)
     assert_same_outputs(plain, outs, True, "loop")
@@ -293,7 +302,7 @@ def test_loop_and_scan_taps_are_stacked_per_iteration():
 
     model = zoo.build("scan")
     feeds = zoo.example_feeds("scan", model=model, dims={"batch": 2, "seq": 7})
-    inst, manifest = inject(model)
+    inst, manifest = inject(model, None, ["all"])
     outs = run_all(inst, feeds)
     plain = run_all(model, feeds)
     assert_same_outputs(plain, outs, True, "scan")
@@ -385,9 +394,8 @@ def test_old_and_new_opsets(name, opset, ir):
     outs = run_all(inst, feeds)
     assert_same_outputs(run_all(model, feeds), outs, True, name)
     taps = [t for t in manifest.taps if t.graph == ""]
-    check_taps(
-        taps, outs, tensor_values(model, sorted({t.tensor for t in taps}), feeds), manifest.sketch_options()
-    )
+    values = tensor_values(model, sorted({t.tensor for t in taps}), feeds)
+    check_taps(taps, outs, values, manifest.sketch_options(), host_values(manifest, inst))
 
 
 def test_opset_below_11_is_refused():
@@ -413,5 +421,6 @@ def test_inject_file_writes_model_and_manifest(tmp_path):
     assert again.to_json() == manifest.to_json()
     assert set(again.output_names()) <= {o.name for o in load_model(path).graph.output}
     feeds = zoo.example_feeds("cnn")
-    rows = decode(again, run_all(path, feeds))
+    rows = decode(again, run_all(path, feeds), host_values(again, path))  # weights: from the written model
     assert len(rows) > 0 and set(rows.site) == {s.id for s in again.sites}
+    assert {r for r, s in zip(rows.role, rows.stat) if s == "min"} >= {"weight", "in", "out"}

@@ -13,9 +13,10 @@ from onnx_opscope import sketches as sk
 from onnx_opscope import zoo
 from onnx_opscope.errors import OpscopeError
 from onnx_opscope.inject import inject
-from onnx_opscope.manifest import decode_tap
+from onnx_opscope.manifest import decode_tap, decode_taps
 from onnx_opscope.model import load_model
 from onnx_opscope.sites import Selection, find_sites, select
+from onnx_opscope.weights import host_values
 
 F = TensorProto.FLOAT
 
@@ -69,7 +70,7 @@ def test_gemm_transpose_axes(trans_a, trans_b):
     got = {}
     for ta in (0, 1):
         model = gemm_model(ta, trans_b)
-        inst, manifest = inject(model)
+        inst, manifest = inject(model, None, ["all"])
         outs = run_all(inst, {"a": a.T.copy() if ta else a})
         tap = next(t for t in manifest.taps if t.tensor == "a")
         got[ta] = decode_tap(tap, outs, manifest.sketch_options())[0]
@@ -139,8 +140,10 @@ def test_models_without_matmul_are_instrumented_by_default(name):
     assert kinds >= ({"Conv", "ConvTranspose", "Gemm"} if name == "cnn" else {"GRU", "LSTM", "RNN"})
     feeds = zoo.example_feeds(name, model=model)
     outs = run_all(inst, feeds)
+    decoded = decode_taps(manifest, outs, host_values(manifest, model))
+    assert any(t.constant for t in manifest.taps)
     for t in manifest.taps:
-        values, shape = decode_tap(t, outs, manifest.sketch_options())
+        values, shape = decoded[t.id]
         assert shape is not None and set(values) == set(t.sketches)
 
 

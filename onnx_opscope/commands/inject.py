@@ -15,7 +15,9 @@ def add_parser(sub) -> argparse.ArgumentParser:
         help="write an instrumented model whose extra outputs are sketches of the tapped tensors",
         description="Append small reduction/histogram/gather subgraphs on each tapped tensor and expose them as "
         "extra outputs after the model's own (names and order unchanged). Writes OUT.onnx and "
-        "OUT.manifest.json, which says what every extra output means. External weights are not "
+        "OUT.manifest.json, which says what every extra output means. Taps on weights (initializers, "
+        "Constants) add nothing to the graph: their sketches are computed on the host when decoding "
+        "(onnx_opscope.weights.host_values). External weights are not "
         "loaded: the new model refers to the original data file (hard-linked beside OUT when it is in "
         "another folder, or copied with --copy-external-data).",
         epilog="examples:\n  opscope inject model.onnx -o tapped.onnx\n"
@@ -47,4 +49,10 @@ def run(args: argparse.Namespace) -> int:
     n_out = sum(len(t.outputs) for t in manifest.taps)
     print(f"{path}: {len(manifest.sites)} sites, {len(manifest.taps)} tapped tensors, {n_out} extra outputs")
     print(f"manifest: {mpath}")
+    weights = sum(t.constant for t in manifest.taps)
+    if weights:
+        print(
+            f"{weights} weight taps have no outputs: decode(..., host=host_values(manifest, {path.name!r})) "
+            "computes them once from the model (onnx_opscope.weights)"
+        )
     return 0
