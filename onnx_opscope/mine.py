@@ -138,9 +138,29 @@ RULES: tuple[Rule, ...] = (
          "std(pos_sumsq)/|mean(pos_sumsq)| > {t}", lambda v: min(v / 3.0, 1.0)),
 )  # fmt: skip
 RULE_NAMES = tuple(r.name for r in RULES) + ("dense",)
+# The sketches each rule reads; the opt-in ones (nnz, chan_maxabs, kurtosis, adj_sumsq) may be absent.
+RULE_SKETCHES = {
+    "nonfinite": ("nan_count", "inf_count"),
+    "sparse": ("nnz",),
+    "outlier": ("chan_maxabs",),
+    "levels": ("hist",),
+    "heavy_tail": ("kurtosis",),
+    "concentrated": ("hist",),
+    "coherent": ("adj_sumsq", "pos_sumsq"),
+    "positional": ("pos_sumsq",),
+}
+
+
+def unchecked_rules(table: TableLike) -> dict[str, list[str]]:
+    """Rules the table cannot fire because a sketch they read was not recorded: rule -> missing sketches."""
+    t, _ = read_sketch_table(table)
+    have = set(pc.unique(t.column("stat")).to_pylist())
+    missing = {rule: [s for s in need if s not in have] for rule, need in RULE_SKETCHES.items()}
+    return {rule: m for rule, m in missing.items() if m}
+
 
 TEMPORAL_RULES = {
-    "stationary": ("precompute / prepack", "cv(l1 over steps) < {t}", "stationary_cv"),
+    "stationary": ("precompute / prepack", "cv(l1, or sumsq, over steps) < {t}", "stationary_cv"),
     "memoize": ("memoize", "reldist(elemsig, a cached elemsig) < {t}", "repeat_dist"),
     "delta": ("delta-compute (across steps)", "reldist(elemsig_t, elemsig_t-1) < {t}", "drift_max"),
     "drifting": ("none: drifting", "", ""),
@@ -466,7 +486,9 @@ def fire(signals: Mapping[str, float | None], cfg: MineConfig) -> Rule | None:
 def _temporal(series: Series, steps: list[int], cfg: MineConfig) -> Temporal | None:
     if len(steps) < max(cfg.min_steps, 2):
         return None
-    l1 = [_scalar(series.steps[s], "l1") for s in steps]
+    # l1 is opt-in; sumsq (always recorded) stands still exactly when l1 does
+    stat = "l1" if all("l1" in series.steps[s] for s in steps) else "sumsq"
+    l1 = [_scalar(series.steps[s], stat) for s in steps]
     sigs = [series.stat(s, "elemsig") for s in steps]
     ts = temporal_signals(l1, sigs, cfg)
     stationary = math.isfinite(ts["l1_cv"]) and ts["l1_cv"] < cfg.stationary_cv

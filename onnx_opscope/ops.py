@@ -150,8 +150,8 @@ class Builder:
     def cast(self, x: str, to: int) -> str:
         return self.op("Cast", [x], to=to)
 
-    def flat(self, x: str) -> str:
-        return self.op("Reshape", [x, self.i64([-1])])
+    def flat(self, x: str, hint: str | None = None) -> str:
+        return self.op("Reshape", [x, self.i64([-1])], hint)
 
     def minimum(self, a: str, b: str) -> str:
         """Elementwise min for any numeric type: Min takes int64 only from opset 12."""

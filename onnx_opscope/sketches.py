@@ -40,7 +40,7 @@ the default set: `for_site` gives each site kind its sketches.
 from __future__ import annotations
 
 from collections.abc import Callable
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
 import numpy as np
 from onnx import TensorProto, helper
@@ -50,7 +50,6 @@ from .ops import Builder, scatter_add_available
 
 EPS_SCALE = np.float32(1e-12)  # y = x / (max|x| + 1e-12), as the histogram definition asks
 EPS_KURT = 1e-20
-SAMPLE_STRIDE = 1_000_003  # a prime: sampled positions (j * P) mod n spread over every channel
 
 HIST_MODES = ("sampled", "exact", "host")
 
@@ -61,7 +60,11 @@ class SketchOptions:
 
     hist_bins: int = 32
     hist_range: tuple[float, float] | None = None  # None: x/(max|x|+1e-12) over [-1, 1]
-    hist_mode: str = "sampled"  # sampled | exact (in-graph ScatterElements) | host (copy out)
+    hist_mode: str = "sampled"  # sampled | exact (every element) | host (copy out, bin in numpy)
+    # exact: counted in the graph (ScatterElements / Unique), or bin indices computed in the graph
+    # and counted on the host (np.bincount) -- what `for_providers` picks on CPU, where the
+    # outputs are not copied and the in-graph scatter costs ~35 passes over the tensor.
+    exact_counts: str = "graph"
     sample_size: int = 4096
     elemsig_k: int = 16
     max_rows: int = 512  # pos_sumsq / adj_sumsq keep at most this many rows (evenly strided)
@@ -70,8 +73,19 @@ class SketchOptions:
     def __post_init__(self):
         if self.hist_mode not in HIST_MODES:
             raise ValueError(f"hist_mode must be one of {HIST_MODES}, not {self.hist_mode!r}")
+        if self.exact_counts not in ("graph", "host"):
+            raise ValueError(f"exact_counts must be 'graph' or 'host', not {self.exact_counts!r}")
         if self.hist_range is not None and not self.hist_range[0] < self.hist_range[1]:
             raise ValueError(f"hist_range needs lo < hi, got {self.hist_range}")
+
+
+def for_providers(o: SketchOptions, providers: list[str]) -> SketchOptions:
+    """`o` as it should run on `providers`: exact histograms are counted on the host when the
+    CPU provider runs everything (bert_like: 14.8x plain in the graph, see BENCHMARKS.md)."""
+    cpu_only = all(p == "CPUExecutionProvider" for p in providers)
+    if o.hist_mode == "exact" and cpu_only and o.exact_counts == "graph":
+        return replace(o, exact_counts="host")
+    return o
 
 
 @dataclass(frozen=True)
@@ -144,7 +158,16 @@ def _n_finite(r: Raw) -> float:
 
 
 def _scale(r: Raw) -> float:
-    return float(r["scale"][0])
+    """max|x| + 1e-12 over the finite values, in float32 as the graph computes it (0 + 1e-12 when
+    there is none): the histogram's and kurtosis' unit, rebuilt from min and max."""
+    with np.errstate(invalid="ignore"):
+        a = np.maximum(np.abs(np.float32(r["min"][0])), np.abs(np.float32(r["max"][0])))
+    return float((a if np.isfinite(a) else np.float32(0)) + EPS_SCALE)
+
+
+def _ynorm(r: Raw) -> float:
+    """What the branch divided the sums by: 1 on a finite tensor, the scale in the masking branch."""
+    return float(r["ynorm"][0])
 
 
 def _finite_or_nan(v: np.ndarray, reduce) -> np.ndarray:
@@ -184,6 +207,9 @@ def _hist_counts(values: np.ndarray, scale: float, o: SketchOptions) -> np.ndarr
 
 
 def _fin_hist(r: Raw, o: SketchOptions) -> np.ndarray:
+    if o.hist_mode == "exact" and o.exact_counts == "host":
+        idx = np.asarray(r["hidx"]).ravel().astype(np.intp, copy=False)
+        return np.bincount(idx, minlength=o.hist_bins + 1)[: o.hist_bins].astype(np.float64)
     if o.hist_mode == "exact":
         return r["hist"]
     if o.hist_mode == "host":
@@ -191,8 +217,20 @@ def _fin_hist(r: Raw, o: SketchOptions) -> np.ndarray:
     return _hist_counts(r["samples"], _scale(r), o)
 
 
+def sample_rows(shape: tuple[int, ...], sample_size: int) -> tuple[int, int, np.ndarray]:
+    """(rows R, row length C, the rows taken) of the sampled histogram: the tensor is viewed as
+    [R, C] with C its last dim (1 for a scalar), and ceil(sample_size / C) evenly spaced whole
+    rows are read. Whole rows are contiguous reads: 64 scattered gathers of 4,096 elements
+    cost 0.14x plain on bert_like, the rows 0.05x; every channel is in every sample."""
+    n = int(np.prod(shape)) if shape else 1
+    c = max(int(shape[-1]) if shape else 1, 1)
+    r = n // c
+    k = min(r, -(-sample_size // c))
+    return r, c, (np.arange(k, dtype=np.int64) * r) // max(k, 1)
+
+
 def _fin_kurtosis(r: Raw, o: SketchOptions) -> np.ndarray:
-    nf, s = _n_finite(r), _scale(r)
+    nf, s = _n_finite(r), _scale(r)  # m2, m4 are moments of (x - mean) / scale
     if nf <= 0:
         return np.array([np.nan])
     m2 = r["m2"][0] / nf * s**2
@@ -236,11 +274,9 @@ def _ref_kurtosis(x, info, o):
 def _ref_hist(x, info, o):
     if o.hist_mode != "sampled":
         return _hist_counts(x, _scale_of(x), o)
-    flat = np.asarray(x).astype(np.float32).ravel()
-    n = flat.size
-    k = min(n, o.sample_size)
-    pos = (np.arange(k, dtype=np.int64) * SAMPLE_STRIDE) % max(n, 1)
-    return _hist_counts(flat[pos], _scale_of(x), o)
+    a = np.asarray(x).astype(np.float32)
+    r, c, rows = sample_rows(a.shape, o.sample_size)
+    return _hist_counts(a.reshape(r, c)[rows], _scale_of(x), o)
 
 
 def _ref_elemsig(x, info, o):
@@ -323,8 +359,8 @@ REGISTRY: dict[str, Sketch] = {
         ),
         Sketch(
             "mean",
-            _BASE + ("scale", "ysum"),
-            lambda r, o: np.array([_ratio(r["ysum"][0] * _scale(r), _n_finite(r))]),
+            _BASE + ("ynorm", "ysum"),
+            lambda r, o: np.array([_ratio(r["ysum"][0] * _ynorm(r), _n_finite(r))]),
             _ref_scalar(np.mean),
             "mean",
             False,
@@ -333,8 +369,8 @@ REGISTRY: dict[str, Sketch] = {
         ),
         Sketch(
             "l1",
-            _BASE + ("scale", "yl1"),
-            lambda r, o: np.array([r["yl1"][0] * _scale(r)]),
+            _BASE + ("ynorm", "yl1"),
+            lambda r, o: np.array([r["yl1"][0] * _ynorm(r)]),
             _ref_scalar(lambda v: np.abs(v).sum(), 0.0),
             "sum",
             False,
@@ -345,8 +381,8 @@ REGISTRY: dict[str, Sketch] = {
         ),
         Sketch(
             "sumsq",
-            _BASE + ("scale", "yss"),
-            lambda r, o: np.array([r["yss"][0] * _scale(r) ** 2]),
+            _BASE + ("ynorm", "yss"),
+            lambda r, o: np.array([r["yss"][0] * _ynorm(r) ** 2]),
             _ref_scalar(lambda v: (v * v).sum(), 0.0),
             "sum",
             False,
@@ -380,7 +416,7 @@ REGISTRY: dict[str, Sketch] = {
         ),
         Sketch(
             "kurtosis",
-            _BASE + ("scale", "m2", "m4"),
+            _BASE + ("min", "max", "m2", "m4"),
             _fin_kurtosis,
             _ref_kurtosis,
             "mean",
@@ -390,7 +426,7 @@ REGISTRY: dict[str, Sketch] = {
         ),
         Sketch(
             "hist",
-            _BASE + ("scale",),
+            _BASE + ("min", "max"),
             _fin_hist,
             _ref_hist,
             "sum",
@@ -429,8 +465,8 @@ REGISTRY: dict[str, Sketch] = {
         ),
         Sketch(
             "pos_sumsq",
-            _BASE + ("scale", "pos"),
-            lambda r, o: r["pos"] * _scale(r) ** 2,
+            _BASE + ("ynorm", "pos"),
+            lambda r, o: r["pos"] * _ynorm(r) ** 2,
             _ref_pos,
             "concat",
             True,
@@ -440,8 +476,8 @@ REGISTRY: dict[str, Sketch] = {
         ),
         Sketch(
             "adj_sumsq",
-            _BASE + ("scale", "adj"),
-            lambda r, o: r["adj"] * _scale(r) ** 2,
+            _BASE + ("ynorm", "adj"),
+            lambda r, o: r["adj"] * _ynorm(r) ** 2,
             _ref_adj,
             "concat",
             True,
@@ -490,19 +526,36 @@ REGISTRY: dict[str, Sketch] = {
     ]
 }
 
-DEFAULT_SKETCHES: tuple[str, ...] = tuple(n for n, s in REGISTRY.items() if not s.kinds)
+ALL_SKETCHES: tuple[str, ...] = tuple(n for n, s in REGISTRY.items() if not s.kinds)
+# Always on: what fits the <= 1.5x-plain goal on CPU (bert_like, every MatMul, 1 thread: 1.44x run
+# only). The rest are opt-in by name or with "all"; each costs +0.05 to +0.4x there (BENCHMARKS.md).
+DEFAULT_SKETCHES: tuple[str, ...] = (
+    "min",
+    "max",
+    "mean",
+    "sumsq",
+    "nan_count",
+    "inf_count",
+    "hist",
+    "elemsig",
+    "pos_sumsq",
+)
+SKETCH_SETS = {"default": DEFAULT_SKETCHES, "all": ALL_SKETCHES}
 
 
 def resolve(names: list[str] | tuple[str, ...] | None) -> list[str]:
-    """Validate sketch names (None: the default set), keeping registry order."""
+    """Validate sketch names (None: the default set; "default" and "all" name sets), keeping
+    registry order."""
     from .errors import OpscopeError, did_you_mean, listing
 
     if not names:
         return list(DEFAULT_SKETCHES)
+    known = {**REGISTRY, **SKETCH_SETS}
     for n in names:
-        if n not in REGISTRY:
-            raise OpscopeError(f"unknown sketch {n!r}{did_you_mean(n, REGISTRY)}; known: {listing(REGISTRY)}")
-    return [n for n in REGISTRY if n in set(names)]
+        if n not in known:
+            raise OpscopeError(f"unknown sketch {n!r}{did_you_mean(n, known)}; known: {listing(known)}")
+    chosen = {m for n in names for m in SKETCH_SETS.get(n, (n,))}
+    return [n for n in REGISTRY if n in chosen]
 
 
 def for_site(kind: str, names: list[str]) -> list[str]:
@@ -527,7 +580,8 @@ def raws_for(names: list[str], info: TapInfo, o: SketchOptions) -> list[str]:
         for r in sk.raws:
             need[r] = None
         if n == "hist":
-            need[{"sampled": "samples", "exact": "hist", "host": "tensor"}[o.hist_mode]] = None
+            exact = "hidx" if o.exact_counts == "host" else "hist"
+            need[{"sampled": "samples", "exact": exact, "host": "tensor"}[o.hist_mode]] = None
     return list(need)
 
 
@@ -547,8 +601,16 @@ def reference(name: str, x: np.ndarray, info: TapInfo, o: SketchOptions) -> np.n
 # graph side: one tap subgraph per tensor
 
 OUTSIDE = ("shape", "elemsig", "samples", "tensor")  # built before the finite/non-finite split
-RAW_DTYPE = {"shape": TensorProto.INT64}
-SCALAR_RAWS = frozenset({"min", "max", "scale", "ysum", "yl1", "yss", "nnz", "m2", "m4", "nan", "inf"})
+SCALAR_RAWS = frozenset({"min", "max", "ynorm", "ysum", "yl1", "yss", "nnz", "m2", "m4", "nan", "inf"})
+
+
+def raw_dtype(raw: str, o: SketchOptions) -> int:
+    """The element type of a raw output: float32 but for the shape and the histogram's bin indices."""
+    if raw == "shape":
+        return TensorProto.INT64
+    if raw == "hidx":
+        return TensorProto.UINT8 if o.hist_bins < 255 else TensorProto.INT32
+    return TensorProto.FLOAT
 
 
 def raw_rank(raw: str) -> int:
@@ -581,10 +643,7 @@ def build_tap(
     if "elemsig" in raws:
         out["elemsig"] = b.op("Gather", [flat, b.strided_indices(n, o.elemsig_k)], "elemsig", axis=0)
     if "samples" in raws:
-        k = b.minimum(n, b.i64(o.sample_size))
-        j = b.op("Range", [b.i64(0), k, b.i64(1)])
-        pos = b.op("Mod", [b.op("Mul", [j, b.i64(SAMPLE_STRIDE)]), b.maximum(n, b.i64(1))])
-        out["samples"] = b.op("Gather", [flat, pos], "samples", axis=0)
+        out["samples"] = _row_samples(b, xf, flat, n, o)
     if "tensor" in raws:
         out["tensor"] = b.op("Identity", [flat], "tensor")
     for r in raws:
@@ -602,17 +661,26 @@ def build_tap(
         names = _build_inner(b, xf, info, inner, o, slow=True)
         out.update((r, b.op("Identity", [names[r]], r)) for r in inner)
         return out
-    s = b.reduce("ReduceSum", xf, keepdims=0, hint="sum")
-    bad = b.op("IsNaN", [b.op("Sub", [s, s])], "has_nonfinite")
+    # The check is Σx², per row first when pos_sumsq wants the rows: finite means no NaN, no
+    # Inf and no square that overflows, so the fast branch sums x itself, with no masking and no
+    # scaling pass. The rows are Mul + ReduceSum: ReduceSumSquare over an axis is 5x slower.
+    axes = info.axes()
+    rows = None
+    if "pos" in inner and axes is not None:
+        rows = b.flat(b.reduce("ReduceSum", b.op("Mul", [xf, xf]), [axes[0]]))
+        s2 = b.reduce("ReduceSum", rows, hint="sumsq")
+    else:
+        s2 = b.reduce("ReduceSumSquare", xf, hint="sumsq")
+    bad = b.op("IsNaN", [b.op("Sub", [s2, s2])], "has_nonfinite")
     branches = []
     for slow in (True, False):
         sub = b.child()
-        names = _build_inner(sub, xf, info, inner, o, slow, total=None if slow else s)
+        names = _build_inner(sub, xf, info, inner, o, slow, sumsq=s2, rows=rows)
         made = {name for n in sub.nodes for name in n.output}
         # A branch output must be made inside the branch: shared constants live outside.
         names = {r: n if n in made else sub.op("Identity", [n], r) for r, n in names.items()}
         outputs = [
-            helper.make_tensor_value_info(names[r], TensorProto.FLOAT, [None] * raw_rank(r)) for r in inner
+            helper.make_tensor_value_info(names[r], raw_dtype(r, o), [None] * raw_rank(r)) for r in inner
         ]
         branches.append(helper.make_graph(sub.nodes, b.fresh("slow" if slow else "fast"), [], outputs))
     outs = [b.fresh(r) for r in inner]
@@ -625,22 +693,50 @@ def build_tap(
     return out
 
 
+def _row_samples(b: Builder, xf: str, flat: str, n: str, o: SketchOptions) -> str:
+    """The rows `sample_rows` names, gathered from x viewed as [R, C] (C = last dim, 1 for a scalar)."""
+    last = b.op("Slice", [b.op("Shape", [xf]), b.i64([-1]), b.i64([np.iinfo(np.int64).max])])
+    c = b.maximum(b.reduce("ReduceProd", last), b.i64(1))  # the product of no dim is 1
+    r = b.op("Div", [n, c])
+    k = b.minimum(r, b.op("Div", [b.op("Add", [c, b.i64(o.sample_size - 1)]), c]))
+    j = b.op("Range", [b.i64(0), k, b.i64(1)])
+    idx = b.op("Div", [b.op("Mul", [j, r]), b.maximum(k, b.i64(1))])
+    view = b.op("Reshape", [flat, b.op("Concat", [b.i64([-1]), b.op("Reshape", [c, b.i64([1])])], axis=0)])
+    return b.flat(b.op("Gather", [view, idx], axis=0), "samples")
+
+
+def _scale_of_minmax(b: Builder, lo: str, hi: str) -> str:
+    """max(|min|, |max|) + 1e-12 (0 + 1e-12 when min/max are +-inf: no finite value); `_scale` on the host."""
+    absmax = b.op("Max", [b.op("Abs", [lo]), b.op("Abs", [hi])])
+    absmax = b.op("Where", [b.op("IsInf", [absmax]), b.const(0.0), absmax])
+    return b.op("Add", [absmax, b.const(EPS_SCALE)], "scale")
+
+
 def _build_inner(
-    b: Builder, x: str, info: TapInfo, raws: list[str], o: SketchOptions, slow: bool, total: str | None = None
+    b: Builder,
+    x: str,
+    info: TapInfo,
+    raws: list[str],
+    o: SketchOptions,
+    slow: bool,
+    sumsq: str | None = None,
+    rows: str | None = None,
 ) -> dict[str, str]:
     """Raw statistics of x; `slow` masks NaN/Inf first (the fast branch knows there are none).
 
-    `total` is Σx when the caller already has it (finite, in the fast branch): Σy is then
-    Σx / scale, one pass fewer.
+    The fast branch takes its sums on x itself (`ynorm` = 1) and reuses Σx² (`sumsq`) and the
+    per-row Σx² (`rows`) the check computed. The slow branch takes them on y = x / scale with
+    non-finite values zeroed (`ynorm` = scale), so BERT's -3.4e38 mask values cannot overflow.
 
-    Measured on CPU (onnxruntime, a [512, 256] float tensor): a full-tensor reduction costs
-    about 5-10 us, a reduction that keeps the last axis (per-channel) about 40 us and Sign
-    about 90 us, so min/max are whole-tensor reductions, only chan_maxabs keeps the channel
-    axis, and nnz counts through a bool cast instead of Sign.
+    Measured on CPU (onnxruntime, a [512, 256] float tensor): a whole-tensor reduction costs
+    about 10 us, one that keeps the channel axis about 50 us and Sign about 90 us, so min/max
+    are whole-tensor reductions, only chan_maxabs keeps the channel axis, and nnz counts
+    through a bool cast instead of Sign.
     """
     F = TensorProto.FLOAT
     out: dict[str, str] = {}
     axes = info.axes()
+    wants = set(raws)
     if slow:
         bad = b.op("IsNaN", [b.op("Sub", [x, x])], "nonfinite")
         xs = b.op("Where", [bad, b.const(0.0), x], "finite_x")
@@ -654,7 +750,7 @@ def _build_inner(
         out["inf"] = b.op("Identity", [out["nan"]])
     out["min"] = b.reduce("ReduceMin", lo_in, hint="min")
     out["max"] = b.reduce("ReduceMax", hi_in, hint="max")
-    if "chan_abs" in raws and axes is not None:
+    if "chan_abs" in wants and axes is not None:
         absx = b.op("Abs", [xs])
         if slow:
             absx = b.op("Where", [bad, b.const(-1.0), absx])
@@ -666,69 +762,69 @@ def _build_inner(
             absx = b.op("Transpose", [absx], perm=[axes[0], *keep])
             keep = list(range(1, info.rank))
         out["chan_abs"] = b.flat(b.reduce("ReduceMax", absx, keep)) if keep else absx
-    # +-inf in min/max means "no finite value" (empty or all masked): the scale is then irrelevant
-    absmax = b.op("Max", [b.op("Abs", [out["min"]]), b.op("Abs", [out["max"]])])
-    absmax = b.op("Where", [b.op("IsInf", [absmax]), b.const(0.0), absmax])
-    scale = b.op("Add", [absmax, b.const(EPS_SCALE)], "scale")
-    out["scale"] = scale
-    wants = set(raws)
-    sum_needed = bool(wants & {"ysum", "m2", "m4"})
-    y_needed = bool(wants & {"yl1", "m2", "m4", "pos", "yss", "adj", "hist"}) or (sum_needed and not total)
-    y = b.op("Div", [xs, scale], "y") if y_needed else None  # one pass: built only when a sum needs it
-    ysum = None
-    if sum_needed:
-        ysum = b.op("Div", [total, scale], "ysum") if total else b.reduce("ReduceSum", y, hint="ysum")
-        out["ysum"] = ysum
-    if "yl1" in raws:
+    scale = None
+    if slow or wants & {"m2", "m4", "hist", "hidx"}:
+        scale = _scale_of_minmax(b, out["min"], out["max"])
+    y_needed = slow and bool(wants & {"ysum", "yl1", "yss", "pos", "adj", "m2", "m4", "hist", "hidx"})
+    y = b.op("Div", [xs, scale], "y") if y_needed else x  # the values the sums are taken on
+    if "ynorm" in wants:
+        out["ynorm"] = scale if slow else b.const(1.0)
+    if wants & {"ysum", "m2", "m4"}:
+        out["ysum"] = b.reduce("ReduceSum", y, hint="ysum")
+    if "yl1" in wants:
         out["yl1"] = b.reduce("ReduceL1", y, hint="yl1")
-    if "nnz" in raws:
+    if "nnz" in wants:
         out["nnz"] = b.reduce("ReduceSum", b.cast(b.cast(xs, TensorProto.BOOL), F), hint="nnz")
-    if "m2" in raws or "m4" in raws:
+    if "m2" in wants or "m4" in wants:
+        # moments of d = (x - mean) / scale: |d| <= 2, so d^4 cannot overflow
         n_fin = b.cast(b.op("Size", [x]), F)
         if slow:
             n_fin = b.op("Sub", [n_fin, b.op("Add", [out["nan"], out["inf"]])])
-        mu = b.op("Div", [ysum, n_fin])
-        d = b.op("Sub", [y, mu])
-        if slow:
-            d = b.op("Where", [bad, b.const(0.0), d])
+            d = b.op("Where", [bad, b.const(0.0), b.op("Sub", [y, b.op("Div", [out["ysum"], n_fin])])])
+        else:
+            d = b.op("Div", [b.op("Sub", [x, b.op("Div", [out["ysum"], n_fin])]), scale])
         d2 = b.op("Mul", [d, d])
         out["m2"] = b.reduce("ReduceSum", d2, hint="m2")
         out["m4"] = b.reduce("ReduceSumSquare", d2, hint="m4")
-    pos_full = None
-    if axes is not None and ("pos" in raws or "yss" in raws):
+    pos_full = rows if not slow else None
+    if slow and axes is not None and wants & {"pos", "yss"}:
         pos_full = b.flat(b.reduce("ReduceSumSquare", y, [axes[0]]))
-        if "pos" in raws:
-            out["pos"] = b.op(
-                "Gather", [pos_full, b.strided_indices(b.op("Size", [pos_full]), o.max_rows)], axis=0
-            )
-    if "yss" in raws:
-        out["yss"] = b.reduce("ReduceSum", pos_full) if pos_full else b.reduce("ReduceSumSquare", y)
-    if "adj" in raws and axes is not None:
+    if "pos" in wants and pos_full is not None:
+        idx = b.strided_indices(b.op("Size", [pos_full]), o.max_rows)
+        out["pos"] = b.op("Gather", [pos_full, idx], axis=0)
+    if "yss" in wants:
+        if not slow:
+            out["yss"] = sumsq
+        else:
+            out["yss"] = b.reduce("ReduceSum", pos_full) if pos_full else b.reduce("ReduceSumSquare", y)
+    if "adj" in wants and axes is not None:
         ch, seq = axes
         if seq is None:
             out["adj"] = b.const(np.zeros(0, np.float32))
         else:
             # Only `adj_pairs` evenly spaced pairs per sequence: the miner needs the mean ratio to
             # pos_sumsq, and diffing every pair cost 4 passes over the tensor (two Slice copies).
-            rows = b.op("Gather", [b.op("Shape", [y]), b.i64(seq)], axis=0)
-            t = b.strided_indices(b.op("Sub", [rows, b.i64(1)]), o.adj_pairs)
+            n_rows = b.op("Gather", [b.op("Shape", [y]), b.i64(seq)], axis=0)
+            t = b.strided_indices(b.op("Sub", [n_rows, b.i64(1)]), o.adj_pairs)
             after = b.op("Gather", [y, b.op("Add", [t, b.i64(1)])], axis=seq)
             diff = b.op("Sub", [after, b.op("Gather", [y, t], axis=seq)])
-            adj = b.flat(b.reduce("ReduceSumSquare", diff, [ch]))
+            adj = b.flat(b.reduce("ReduceSum", b.op("Mul", [diff, diff]), [ch]))
             out["adj"] = b.op("Gather", [adj, b.strided_indices(b.op("Size", [adj]), o.max_rows)], axis=0)
-    if "hist" in raws:
-        out["hist"] = _build_hist(b, xs, y, bad, o)
+    if wants & {"hist", "hidx"}:
+        yh = y if slow or o.hist_range is not None else b.op("Div", [x, scale], "y")
+        t, valid = _hist_bins(b, xs, yh, bad, o)
+        if "hidx" in wants:
+            if valid is not None:  # masked or out-of-range values go to an extra bin, dropped on the host
+                t = b.op("Where", [valid, t, b.const(float(o.hist_bins))])
+            out["hidx"] = b.flat(b.cast(t, raw_dtype("hidx", o)))
+        else:
+            out["hist"] = _count_bins(b, t, valid, o)
     return {r: out[r] for r in raws}
 
 
-def _build_hist(b: Builder, xs: str, y: str, bad: str | None, o: SketchOptions) -> str:
-    """Exact in-graph histogram: ScatterElements(add) from opset 16; before, Unique's counts.
-
-    Unique (opset 11) sorts, so it costs ~8x a scatter-add on CPU, but a bins-wide one-hot
-    compare was ~70x plain inference on a BERT-like model. Masked elements go to an extra
-    overflow bin that is sliced off.
-    """
-    F = TensorProto.FLOAT
+def _hist_bins(b: Builder, xs: str, y: str, bad: str | None, o: SketchOptions) -> tuple[str, str | None]:
+    """(bin index as float, clipped to [0, bins-1]; the mask of values that count or None for all),
+    with the float32 arithmetic `_hist_counts` repeats on the host."""
     bins = o.hist_bins
     if o.hist_range is None:
         t = b.op("Floor", [b.op("Mul", [b.op("Add", [y, b.const(1.0)]), b.const(bins / 2)])])
@@ -748,7 +844,19 @@ def _build_hist(b: Builder, xs: str, y: str, bad: str | None, o: SketchOptions) 
     if bad is not None:
         ok = b.op("Not", [bad])
         valid = ok if valid is None else b.op("And", [valid, ok])
-    idx = b.flat(b.cast(b.op("Clip", [t, b.const(0.0), b.const(float(bins - 1))]), TensorProto.INT64))
+    return b.op("Clip", [t, b.const(0.0), b.const(float(bins - 1))]), valid
+
+
+def _count_bins(b: Builder, t: str, valid: str | None, o: SketchOptions) -> str:
+    """Exact in-graph counts: ScatterElements(add) from opset 16; before, Unique's counts.
+
+    Unique (opset 11) sorts, so it costs ~8x a scatter-add on CPU, but a bins-wide one-hot
+    compare was ~70x plain inference on a BERT-like model. Masked elements go to an extra
+    overflow bin that is sliced off.
+    """
+    F = TensorProto.FLOAT
+    bins = o.hist_bins
+    idx = b.flat(b.cast(t, TensorProto.INT64))
     if not scatter_add_available(b.opset):
         if valid is not None:
             idx = b.op("Where", [b.flat(valid), idx, b.i64(bins)])

@@ -45,7 +45,7 @@ def matmul_model(b: int = B, t: int = T, c: int = C):
 
 
 def record_dist(path, dist: str, batches: int = 3, seed: int = 0):
-    return record(matmul_model(), out=path, feeds=FeedSpec(dist=dist, batches=batches, seed=seed),
+    return record(matmul_model(), out=path, feeds=FeedSpec(dist=dist, batches=batches, seed=seed), sketches=["all"],
                   sites=Selection(op_types=("MatMul",)), run_id="t").table  # fmt: skip
 
 
@@ -54,7 +54,7 @@ def record_arrays(folder, arrays: list[np.ndarray], out):
     folder.mkdir(parents=True, exist_ok=True)
     for i, a in enumerate(arrays):
         np.savez(folder / f"b{i}.npz", x=a.astype(np.float32))
-    return record(matmul_model(), out=out, feeds=FeedSpec(data=folder), sites=Selection(op_types=("MatMul",)),
+    return record(matmul_model(), out=out, feeds=FeedSpec(data=folder), sites=Selection(op_types=("MatMul",)), sketches=["all"],
                   run_id="t").table  # fmt: skip
 
 

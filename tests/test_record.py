@@ -132,7 +132,7 @@ def test_table_values_match_numpy(tmp_path):
     path = real_model_path("ppocrv4_rec")
     feeds = FeedSpec(batches=2, shapes={"x": [1, 3, 48, 320]}, dist="uniform")
     runtime = RuntimeConfig(graph_opt="disable")
-    res = record(path, out=tmp_path / "t.parquet", feeds=feeds, runtime=runtime)
+    res = record(path, out=tmp_path / "t.parquet", feeds=feeds, sketches=["all"], runtime=runtime)
     table = read_table(res.table).to_pylist()
     m = res.manifest
     chosen = [s for s in m.sites if s.op_type == "MatMul"][:3] + [s for s in m.sites if s.op_type == "Conv"][

@@ -57,7 +57,7 @@ def table(tmp_path_factory):
     root = tmp_path_factory.mktemp("report")
     parts = []
     for d in DISTS:
-        res = record(matmul_model(), out=root / f"{d}.parquet", feeds=FeedSpec(dist=d, batches=3),
+        res = record(matmul_model(), out=root / f"{d}.parquet", feeds=FeedSpec(dist=d, batches=3), sketches=["all"],
                      sites=Selection(op_types=("MatMul",)), run_id="rep")  # fmt: skip
         parts.append(read_table(res.table))
     out = root / "all.parquet"

@@ -26,10 +26,11 @@ from onnx import TensorProto, helper, numpy_helper
 from onnx_opscope import sketches as sk
 from onnx_opscope import zoo
 from onnx_opscope.inject import inject
-from onnx_opscope.manifest import Manifest, TapRecord, _merge, decode_tap
+from onnx_opscope.manifest import HostValues, Manifest, TapRecord, _merge, decode_tap, decode_taps
 from onnx_opscope.model import load_model
 from onnx_opscope.runtime import RuntimeConfig, make_session
 from onnx_opscope.sites import Selection
+from onnx_opscope.weights import host_values
 
 CFG = RuntimeConfig(graph_opt="disable")
 
@@ -64,7 +65,7 @@ def run_all(model, feeds, config: RuntimeConfig = CFG, base_dir=None) -> dict[st
 @functools.cache
 def instrumented_real(name: str) -> tuple[onnx.ModelProto, Manifest]:
     """The real model `name` with every site tapped by the default sketches, injected once per session."""
-    return inject(real_model_path(name))
+    return inject(real_model_path(name), None, ["all"])
 
 
 @functools.cache
@@ -194,12 +195,24 @@ def assert_sketch(stat: str, got: np.ndarray, ref: np.ndarray, x, what: str = ""
 
 
 def check_taps(
-    taps: list[TapRecord], outs: dict, values: dict[str, np.ndarray], opts: sk.SketchOptions
+    taps: list[TapRecord],
+    outs: dict,
+    values: dict[str, np.ndarray],
+    opts: sk.SketchOptions,
+    host: HostValues | None = None,
 ) -> int:
-    """Every sketch of every tap in `taps` equals its reference on `values[tap.tensor]`; returns the count."""
+    """Every sketch of every tap in `taps` equals its reference on `values[tap.tensor]`; returns the count.
+
+    Weight taps (`constant`) take their values from `host` (weights.host_values): `values` reads
+    the weights from the model on its own, so a host value taken from the wrong tensor fails.
+    """
     n = 0
     for tap in taps:
-        got, shape = decode_tap(tap, outs, opts)
+        if tap.constant:
+            assert host is not None, f"{tap.tensor}: a weight tap needs host values"
+            got, shape = host[tap.id]
+        else:
+            got, shape = decode_tap(tap, outs, opts)
         x = values[tap.tensor]
         assert shape == list(np.shape(x)), (tap.tensor, shape, np.shape(x))
         for stat in tap.sketches:
@@ -209,11 +222,13 @@ def check_taps(
 
 
 def check_main_graph(model, feeds, manifest: Manifest, outs: dict) -> tuple[int, int]:
-    """Compare every main-graph tap; returns (stats compared, constant taps among them)."""
+    """Compare every main-graph tap, weights (from host_values on `model`) included; returns
+    (stats compared, constant taps among them)."""
     taps = [t for t in manifest.taps if t.graph == ""]
     assert taps
     values = tensor_values(model, sorted({t.tensor for t in taps}), feeds)
-    return check_taps(taps, outs, values, manifest.sketch_options()), sum(t.constant for t in taps)
+    host = host_values(manifest, model)
+    return check_taps(taps, outs, values, manifest.sketch_options(), host), sum(t.constant for t in taps)
 
 
 # --------------------------------------------------------------------------------------------
@@ -223,22 +238,27 @@ def check_main_graph(model, feeds, manifest: Manifest, outs: dict) -> tuple[int,
 @pytest.mark.parametrize("name", [n for n in REAL_NAMES if n != "silero_vad_v6"])
 def test_default_sketches_match_reference_on_real_models(name):
     model, feeds, _, manifest, outs = real_case(name)
-    assert set(manifest.sketches) == set(sk.DEFAULT_SKETCHES)
+    assert set(manifest.sketches) == set(sk.ALL_SKETCHES)
     compared, constant = check_main_graph(model, feeds, manifest, outs)
     assert compared >= 9 * len([t for t in manifest.taps if t.graph == ""]) and constant > 0
     # every default sketch is exercised on a rank-known tensor somewhere in the model
     seen = {s for t in manifest.taps for s in t.sketches}
-    assert seen >= set(sk.DEFAULT_SKETCHES), set(sk.DEFAULT_SKETCHES) - seen
+    assert seen >= set(sk.ALL_SKETCHES), set(sk.ALL_SKETCHES) - seen
 
 
 def test_silero_subgraph_taps_match_reference():
     """Silero's network sits in If branches: taps of the branches that ran equal numpy on the inlined model."""
     model, feeds, _, manifest, outs = real_case("silero_vad_v6")
-    ran = [t for t in manifest.taps if decode_tap(t, outs, manifest.sketch_options())[1] is not None]
+    host = host_values(manifest, model)
+    decoded = decode_taps(manifest, outs, host)
+    ran = [t for t in manifest.taps if decoded[t.id][1] is not None]
     assert ran and all(t.graph for t in ran)
+    assert any(t.constant for t in ran) and any(not t.constant for t in ran)
+    # weights in the branch that did not run are left out like the rest of it
+    assert len(ran) < len(manifest.taps) and any(t.constant and t not in ran for t in manifest.taps)
     flat = inline_taken_ifs(model, feeds)
     values = tensor_values(flat, sorted({t.tensor for t in ran}), feeds)
-    assert check_taps(ran, outs, values, manifest.sketch_options()) > 100
+    assert check_taps(ran, outs, values, manifest.sketch_options(), host) > 100
 
 
 GENERATED = ["transformer_block", "cnn", "gru", "quantized", "bool_int_inputs", "opset21_mlp", "moe"]
@@ -248,7 +268,7 @@ GENERATED = ["transformer_block", "cnn", "gru", "quantized", "bool_int_inputs", 
 def test_default_sketches_match_reference_on_generated_models(name):
     model = zoo.build(name)
     feeds = zoo.example_feeds(name, model=model)
-    inst, manifest = inject(model)
+    inst, manifest = inject(model, None, ["all"])
     compared, _ = check_main_graph(model, feeds, manifest, run_all(inst, feeds))
     assert compared > 0
 
@@ -260,11 +280,12 @@ def test_bert_like_float32_min_mask():
     mask = np.ones((2, 16), np.int64)
     mask[1, 10:] = 0
     feeds = {"input_ids": ids, "attention_mask": mask}
-    inst, manifest = inject(model)
+    inst, manifest = inject(model, None, ["all"])
     outs = run_all(inst, feeds)
     compared, _ = check_main_graph(model, feeds, manifest, outs)
     assert compared > 0
-    rows = [v for t in manifest.taps for v in decode_tap(t, outs, manifest.sketch_options())[0].values()]
+    decoded = decode_taps(manifest, outs, host_values(manifest, model))
+    rows = [v for t in manifest.taps for v in decoded[t.id][0].values()]
     assert all(np.isfinite(v[~np.isnan(v)]).all() for v in rows)
 
 
@@ -272,14 +293,24 @@ def test_loop_body_taps_merge_per_iteration():
     """Loop body taps come back once per iteration and merge with each sketch's rule (inject.py)."""
     model = zoo.build("loop")
     feeds = zoo.example_feeds("loop", model=model)
-    inst, manifest = inject(model)
+    inst, manifest = inject(model, None, ["all"])
     outs = run_all(inst, feeds)
     opts = manifest.sketch_options()
     taps = [t for t in manifest.taps if t.graph == "loop/body"]
     assert {t.tensor for t in taps} == {"state_in", "loop.weight", "body_mm"}
     per = loop_iterations(model, sorted({t.tensor for t in taps}), feeds)
     assert len(per) == 3
+    host = host_values(manifest, model)
     for tap in taps:
+        if tap.constant:  # the outer-scope weight: one value from the host, not one per iteration
+            assert tap.tensor == "loop.weight" and tap.stacked == 0 and not tap.outputs
+            got, shape = decode_taps(manifest, outs, host)[tap.id]
+            w = numpy_helper.to_array(next(t for t in model.graph.initializer if t.name == "loop.weight"))
+            assert shape == [16, 16] and all(np.array_equal(it["loop.weight"], w) for it in per)
+            for stat in tap.sketches:
+                assert_sketch(stat, got[stat], sk.reference(stat, w, tap.info(), opts), w, "loop weight")
+            assert got["sumsq"][0] == pytest.approx((w.astype(np.float64) ** 2).sum(), rel=1e-12)
+            continue
         assert tap.stacked == 1
         got, shape = decode_tap(tap, outs, opts)
         assert shape == [4, 16] or shape == [16, 16]
@@ -319,32 +350,41 @@ HIST_OPTIONS = [
     sk.SketchOptions(hist_mode="host"),
     sk.SketchOptions(hist_mode="exact", hist_range=(-0.5, 2.0), hist_bins=10),
     sk.SketchOptions(hist_mode="sampled", hist_range=(-1.0, 1.0)),
+    sk.SketchOptions(hist_mode="exact", exact_counts="host"),
+    sk.SketchOptions(hist_mode="exact", exact_counts="host", hist_range=(-0.5, 2.0), hist_bins=10),
 ]
 # ppocrv4_rec is opset 12 (the exact histogram counts with Unique), captcha_crnn opset 17 (ScatterElements)
 HIST_CASES = [("ppocrv4_rec", o) for o in HIST_OPTIONS] + [
     ("captcha_crnn", HIST_OPTIONS[2]),
     ("captcha_crnn", HIST_OPTIONS[4]),
+    ("captcha_crnn", HIST_OPTIONS[6]),
 ]
+HIST_IDS = [f"{n}-{o.hist_mode}-{o.exact_counts}-{o.hist_range}-{o.sample_size}" for n, o in HIST_CASES]
 
 
-@pytest.mark.parametrize(
-    "name,opts", HIST_CASES, ids=[f"{n}-{o.hist_mode}-{o.hist_range}-{o.sample_size}" for n, o in HIST_CASES]
-)
+@pytest.mark.parametrize("name,opts", HIST_CASES, ids=HIST_IDS)
 def test_hist_modes_match_reference(name, opts):
     """Exact and host modes bin every finite value; sampled bins sample_size strided values."""
     path = real_model_path(name)
     model = load_model(path)
     feeds = real_feeds(name)
     inst, manifest = inject(path, Selection(kinds=("gemm",), max_sites=12), ["hist"], opts)
-    if opts.hist_mode == "exact":
-        counted_by = {n.op_type for n in _all_nodes(inst)} & {"ScatterElements", "Unique"}
+    counted_by = {n.op_type for n in _all_nodes(inst)} & {"ScatterElements", "Unique"}
+    if opts.hist_mode == "exact" and opts.exact_counts == "graph":
         assert counted_by == ({"ScatterElements"} if manifest.opset >= 16 else {"ScatterElements", "Unique"})
+    else:  # host counting: the graph only computes bin indices, one byte each
+        assert not counted_by
+        hidx = [o for o in inst.graph.output if "hidx" in o.name]
+        live = sum(not t.constant for t in manifest.taps)
+        assert len(hidx) == (live if opts.exact_counts == "host" else 0)
+        assert all(o.type.tensor_type.elem_type == TensorProto.UINT8 for o in hidx)
     outs = run_all(inst, feeds)
     compared, _ = check_main_graph(model, feeds, manifest, outs)
     assert compared == len(manifest.taps) >= 12
     values = tensor_values(model, [t.tensor for t in manifest.taps], feeds)
+    decoded = decode_taps(manifest, outs, host_values(manifest, path))
     for tap in manifest.taps:
-        got = decode_tap(tap, outs, opts)[0]["hist"]
+        got = decoded[tap.id][0]["hist"]
         x = values[tap.tensor]
         assert got.size == opts.hist_bins
         if opts.hist_range is not None:
@@ -352,7 +392,8 @@ def test_hist_modes_match_reference(name, opts):
             inside = np.count_nonzero((x >= lo) & (x <= hi))
             assert got.sum() <= inside if opts.hist_mode == "sampled" else got.sum() == inside
         elif opts.hist_mode == "sampled":
-            assert got.sum() == min(x.size, opts.sample_size)
+            _, row, rows = sk.sample_rows(np.shape(x), opts.sample_size)
+            assert got.sum() == rows.size * row >= min(x.size, opts.sample_size)  # whole rows
         else:
             assert got.sum() == x.size
 
@@ -369,7 +410,7 @@ def test_exact_hist_on_opset11_counts_with_unique():
     model = onnx.load(generated_model_path("opset11_mlp"))
     assert model.opset_import[0].version == 11 and model.ir_version == 6
     opts = sk.SketchOptions(hist_mode="exact")
-    inst, manifest = inject(model, None, None, opts)
+    inst, manifest = inject(model, None, ["all"], opts)
     ops = {n.op_type for n in _all_nodes(inst)}
     assert "Unique" in ops
     onnx.checker.check_model(inst)
@@ -379,8 +420,9 @@ def test_exact_hist_on_opset11_counts_with_unique():
     assert compared > 0
     hist_taps = [t for t in manifest.taps if "hist" in t.sketches]
     assert len(hist_taps) == 6  # x, fc1.weight, fc1 out, relu out, fc2.weight, fc2 out
+    decoded = decode_taps(manifest, outs, host_values(manifest, inst))
     for tap in hist_taps:
-        got, shape = decode_tap(tap, outs, opts)
+        got, shape = decoded[tap.id]
         assert got["hist"].sum() == np.prod(shape)
 
 
@@ -407,12 +449,14 @@ def matmul_model(
 def sketch_values(model, x: np.ndarray, opts: sk.SketchOptions | None = None):
     """(per tensor name: sketch values, the tensors' true values) with every default sketch on x, W, y."""
     opts = opts or sk.SketchOptions(hist_mode="exact")
-    inst, manifest = inject(model, None, None, opts)
+    inst, manifest = inject(model, None, ["all"], opts)
     outs = run_all(inst, {"x": x})
     values = tensor_values(model, ["x", "W", "y"], {"x": x})
-    got = {t.tensor: decode_tap(t, outs, opts)[0] for t in manifest.taps}
+    host = host_values(manifest, model)
+    decoded = decode_taps(manifest, outs, host)
+    got = {t.tensor: decoded[t.id][0] for t in manifest.taps}
     assert set(got) == {"x", "W", "y"}
-    check_taps(manifest.taps, outs, values, opts)
+    check_taps(manifest.taps, outs, values, opts, host)
     return got, values
 
 
@@ -527,17 +571,19 @@ def test_int32_input_cast_to_float():
 
 
 def test_constant_taps_with_non_finite_weights():
-    """A weight tap is built with no If (constant-foldable) and masks non-finite values inline."""
+    """A weight tap adds nothing to the graph; its host values follow the non-finite rules."""
     w = (np.arange(32).reshape(8, 4) % 5 - 2).astype(np.float32)
     w[0, 0], w[3, 2], w[5, 1] = np.nan, np.inf, BIG
     model = matmul_model(weight=w)
-    inst, manifest = inject(model, None, None, sk.SketchOptions(hist_mode="exact"))
+    inst, manifest = inject(model, None, ["all"], sk.SketchOptions(hist_mode="exact"))
     w_tap, x_tap = (next(t for t in manifest.taps if t.tensor == n) for n in ("W", "x"))
     assert w_tap.constant and not x_tap.constant
-    ifs = {n.name for n in inst.graph.node if n.op_type == "If"}
-    assert not any(n.startswith(f"opscope_{w_tap.id}_") for n in ifs)
-    assert any(n.startswith(f"opscope_{x_tap.id}_") for n in ifs)
+    assert w_tap.outputs == {} and w_tap.numel == 32 and w_tap.rank == 2 and x_tap.outputs
+    assert not any(n.name.startswith(f"opscope_{w_tap.id}_") for n in inst.graph.node)
+    assert [n.name for n in inst.graph.node if "W" in n.input] == ["mm"]
+    assert any(n.name.startswith(f"opscope_{x_tap.id}_") for n in inst.graph.node if n.op_type == "If")
     got, _ = sketch_values(model, np.ones((2, 8), np.float32))
     g = got["W"]
     assert g["nan_count"][0] == 1 and g["inf_count"][0] == 1 and g["min"][0] == BIG
     assert g["hist"].sum() == 30
+    assert g["nnz"][0] == np.count_nonzero(w) and g["max"][0] == 2

@@ -60,7 +60,10 @@ def run(args: argparse.Namespace) -> int:
     )
     print_report(costs, top=5)
     feeds = FeedSpec(dist="outlier", batches=args.batches, dims=dims)
-    result = record(model, out=out_dir / "sketches.parquet", feeds=feeds, runtime=RuntimeConfig())
+    # every sketch, opt-in ones included: the demo shows what each miner rule can find
+    result = record(
+        model, out=out_dir / "sketches.parquet", feeds=feeds, sketches=["all"], runtime=RuntimeConfig()
+    )
     console.print(
         f"[bold]record[/]: {result.rows} rows from {len(result.manifest.sites)} sites over {result.batches} "
         f"batches in {result.seconds:.1f}s (inputs with outlier channels), parity ok"

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import argparse
 
-from ..mine import config_with, mine, print_findings, save_findings
+from ..mine import config_with, mine, print_findings, save_findings, unchecked_rules
 
 
 def add_parser(subparsers) -> argparse.ArgumentParser:
@@ -38,6 +38,13 @@ def run(args: argparse.Namespace) -> int:
     config = config_with(overrides=args.set)
     findings = mine(args.table, costs=args.costs, config=config, measure=args.measure)
     print_findings(findings, top=args.top)
+    unchecked = unchecked_rules(args.table)
+    if unchecked:
+        need = sorted({s for m in unchecked.values() for s in m})
+        print(
+            f"not checked: {', '.join(unchecked)} (not recorded: {', '.join(need)}); "
+            "record with --sketch all (or name them) to check these rules"
+        )
     if args.json:
         path = save_findings(findings, args.json, config)
         print(f"wrote {path}")

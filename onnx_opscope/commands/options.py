@@ -9,7 +9,7 @@ from ..errors import OpscopeError
 from ..inference_taps import SITE_KINDS
 from ..inject import PLACEMENTS
 from ..sites import TAPPABLE_OPS, Selection
-from ..sketches import DEFAULT_SKETCHES, HIST_MODES, SketchOptions
+from ..sketches import ALL_SKETCHES, DEFAULT_SKETCHES, HIST_MODES, SketchOptions
 
 
 def _csv(items: list[str]) -> tuple[str, ...]:
@@ -76,14 +76,17 @@ def add_sketch_arguments(parser: argparse.ArgumentParser) -> None:
         action="append",
         default=[],
         metavar="NAME[,NAME]",
-        help=f"sketches to compute (default: all of {', '.join(DEFAULT_SKETCHES)})",
+        help=f"sketches to compute, or a set: 'default' ({', '.join(DEFAULT_SKETCHES)}) or 'all' (adds "
+        f"{', '.join(n for n in ALL_SKETCHES if n not in DEFAULT_SKETCHES)}: +0.05 to +0.4x plain each on "
+        "CPU, see BENCHMARKS.md; the miner's sparse, outlier, heavy-tail and coherence rules need them)",
     )
     s.add_argument(
         "--hist-mode",
         choices=HIST_MODES,
         default=None,
-        help="sampled: histogram of ~4096 evenly spread elements (cheap, the default); exact: "
-        "in-graph count of every element; host: copy the tensor out and count it in numpy",
+        help="sampled: histogram of ~4096 elements in evenly spaced whole rows (cheap, the default); "
+        "exact: every element (bin indices in the graph; counted in the graph, or on the host when "
+        "`record` runs on CPU alone); host: copy the tensor out and bin it in numpy",
     )
     s.add_argument("--hist-bins", type=int, default=32, metavar="N", help="histogram bins (default 32)")
     s.add_argument(

@@ -1,0 +1,67 @@
+"""The default sketch set, the 'all' set, per-provider histogram counting, and what the miner
+says when a rule's sketches were not recorded."""
+
+from __future__ import annotations
+
+import pytest
+from test_mine import matmul_model
+
+from onnx_opscope import sketches as sk
+from onnx_opscope.cli import main
+from onnx_opscope.data import FeedSpec
+from onnx_opscope.errors import OpscopeError
+from onnx_opscope.mine import RULE_SKETCHES, RULES, unchecked_rules
+from onnx_opscope.record import read_table, record
+
+
+def test_sets_resolve_in_registry_order():
+    assert sk.resolve(None) == list(sk.DEFAULT_SKETCHES)
+    assert sk.resolve(["all"]) == list(sk.ALL_SKETCHES)
+    assert set(sk.DEFAULT_SKETCHES) < set(sk.ALL_SKETCHES)
+    mixed = sk.resolve(["nnz", "default"])
+    assert set(mixed) == set(sk.DEFAULT_SKETCHES) | {"nnz"}
+    assert mixed == [n for n in sk.REGISTRY if n in mixed]
+    with pytest.raises(OpscopeError, match="unknown sketch 'al'.*did you mean 'all'"):
+        sk.resolve(["al"])
+
+
+def test_every_rule_names_the_sketches_it_reads():
+    assert set(RULE_SKETCHES) == {r.name for r in RULES}
+    assert all(set(need) <= set(sk.ALL_SKETCHES) for need in RULE_SKETCHES.values())
+
+
+def test_exact_histograms_are_counted_on_the_host_on_cpu_only():
+    exact = sk.SketchOptions(hist_mode="exact")
+    assert sk.for_providers(exact, ["CPUExecutionProvider"]).exact_counts == "host"
+    gpu = ["CUDAExecutionProvider", "CPUExecutionProvider"]
+    assert sk.for_providers(exact, gpu).exact_counts == "graph"
+    sampled = sk.SketchOptions()
+    assert sk.for_providers(sampled, ["CPUExecutionProvider"]) == sampled
+    with pytest.raises(ValueError, match="exact_counts"):
+        sk.SketchOptions(exact_counts="device")
+
+
+def test_record_default_set_and_exact_on_cpu(tmp_path, capsys):
+    res = record(
+        matmul_model(),
+        out=tmp_path / "t.parquet",
+        feeds=FeedSpec(dist="gaussian", batches=2),
+        options=sk.SketchOptions(hist_mode="exact"),
+    )
+    assert res.manifest.options["exact_counts"] == "host"
+    table = read_table(res.table)
+    stats = set(table.column("stat").to_pylist())
+    assert stats == set(sk.DEFAULT_SKETCHES)
+    hist = [r for r in table.to_pylist() if r["stat"] == "hist" and r["step"] == 0]
+    numel = {(r["site"], r["role"]): r["numel"] for r in hist}
+    counted = {}
+    for r in hist:
+        counted[(r["site"], r["role"])] = counted.get((r["site"], r["role"]), 0) + r["value"]
+    assert counted == {k: float(v) for k, v in numel.items()}  # every element: gaussian data has no NaN
+    # the rules whose sketches are opt-in are named, not silently passed over
+    missing = unchecked_rules(res.table)
+    assert missing == {"sparse": ["nnz"], "outlier": ["chan_maxabs"], "heavy_tail": ["kurtosis"],
+                       "coherent": ["adj_sumsq"]}  # fmt: skip
+    assert main(["mine", str(res.table)]) == 0
+    out = capsys.readouterr().out
+    assert "not checked: sparse, outlier, heavy_tail, coherent" in out and "--sketch all" in out
