@@ -40,7 +40,7 @@ from . import inference_taps as it
 from . import sketches as sk
 from .errors import OpscopeError
 from .manifest import Manifest, SiteRecord, TapRecord
-from .model import ModelLike, file_sha256, load_model, model_sha256, opset_version
+from .model import ModelLike, file_sha256, load_model, model_sha256, opset_version, weight_data_detached
 from .ops import MIN_OPSET, Builder, Constants
 from .sites import Selection, Site, find_sites, select
 
@@ -177,9 +177,10 @@ def inject(
     m = ModelProto()
     m.CopyFrom(source)
     ctxs = _contexts(m)
-    types = _type_table(m)
+    with weight_data_detached(m):  # shape inference needs no weight values
+        types = _type_table(m)
+        found = find_sites(m) if sites is None or isinstance(sites, Selection) else []
     if sites is None or isinstance(sites, Selection):
-        found = find_sites(m)
         if not found:
             raise OpscopeError(
                 "the model has no tappable site (MatMul, Gemm, Conv, ConvTranspose, LSTM, GRU, "

@@ -527,8 +527,10 @@ REGISTRY: dict[str, Sketch] = {
 }
 
 ALL_SKETCHES: tuple[str, ...] = tuple(n for n, s in REGISTRY.items() if not s.kinds)
-# Always on: what fits the <= 1.5x-plain goal on CPU (bert_like, every MatMul, 1 thread: 1.44x run
-# only). The rest are opt-in by name or with "all"; each costs +0.05 to +0.4x there (BENCHMARKS.md).
+# Always on: whole-tensor reductions and small gathers only, what fits the <= 1.5x-plain goal on
+# CPU (bert_like, every MatMul, 1 thread; BENCHMARKS.md). The rest are opt-in by name or with
+# "all": each needs a full elementwise pass first (x*x per row, |x|, a bool cast, (x-mean)^2)
+# and costs +0.05 to +0.4x plain there.
 DEFAULT_SKETCHES: tuple[str, ...] = (
     "min",
     "max",
@@ -538,7 +540,6 @@ DEFAULT_SKETCHES: tuple[str, ...] = (
     "inf_count",
     "hist",
     "elemsig",
-    "pos_sumsq",
 )
 SKETCH_SETS = {"default": DEFAULT_SKETCHES, "all": ALL_SKETCHES}
 

@@ -71,6 +71,7 @@ PLAIN = "plain, graph opt all"
 DEFAULT = "opscope default set, sampled hist"
 DEFAULT_RUN = "opscope default set, sampled hist, run only (no decode)"
 EXACT = "opscope default set, exact hist"
+ALL = "opscope all sketches (--sketch all), sampled hist"
 COPY_OUT = "copy-out + numpy hist"
 POLYGRAPHY = "polygraphy --onnx-outputs + numpy hist"
 
@@ -82,6 +83,7 @@ ROWS: list[Row] = [
     Row(DEFAULT, "opscope", {"sketches": None, "hist_mode": "sampled"}, quick=True),
     Row(DEFAULT_RUN, "opscope", {"sketches": None, "hist_mode": "sampled", "decode": False}),
     Row(EXACT, "opscope", {"sketches": None, "hist_mode": "exact"}, quick=True),
+    Row(ALL, "opscope", {"sketches": ["all"], "hist_mode": "sampled"}),
     Row("ORT MinMaxCalibrater", "calibrator", {"method": "MinMax"}, quick=True),
     Row("ORT EntropyCalibrater", "calibrator", {"method": "Entropy"}, quick=True),
     Row("ORT PercentileCalibrater", "calibrator", {"method": "Percentile"}),

@@ -152,12 +152,10 @@ def host_stats(x: np.ndarray, bins: int = 32) -> tuple:
 # rows
 
 
-def _session(
-    model: str | onnx.ModelProto, graph_opt: str, base_dir: str | None = None, mem_pattern: bool = True
-):
+def _session(model: str | onnx.ModelProto, graph_opt: str, base_dir: str | None = None):
     from onnx_opscope.runtime import RuntimeConfig, make_session
 
-    return make_session(model, RuntimeConfig(graph_opt=graph_opt, mem_pattern=mem_pattern), base_dir=base_dir)
+    return make_session(model, RuntimeConfig(graph_opt=graph_opt), base_dir=base_dir)
 
 
 def run_plain(job: dict, graph_opt: str) -> dict:
@@ -169,30 +167,35 @@ def run_plain(job: dict, graph_opt: str) -> dict:
 
 
 def run_opscope(job: dict, sketches: list[str] | None, hist_mode: str, decode_rows: bool = True) -> dict:
-    """inject + one session (no memory pattern, as `record` runs it); per batch: run (all outputs) and
-    decode the sketches into table rows on the host (`decode_rows=False` leaves the decoding out, to
-    show what it costs)."""
+    """What `record` does per batch, on the session it makes: run (all outputs), then decode the
+    sketches into an Arrow table on its pipeline thread, overlapping the next run
+    (`decode_rows=False` leaves the decoding out, to show what it costs)."""
     from onnx_opscope.inject import inject
     from onnx_opscope.manifest import decode
+    from onnx_opscope.record import BatchPipeline
+    from onnx_opscope.runtime import RuntimeConfig, for_tapped, make_session
     from onnx_opscope.sites import Selection
-    from onnx_opscope.sketches import SketchOptions
+    from onnx_opscope.sketches import SketchOptions, for_providers
     from onnx_opscope.weights import host_values
 
     batches = load_batches(job["feeds"])
-    model, manifest = inject(
-        job["model"], Selection(op_types=tuple(job["ops"])), sketches, SketchOptions(hist_mode=hist_mode)
-    )
+    options = for_providers(SketchOptions(hist_mode=hist_mode), ["CPUExecutionProvider"])
+    model, manifest = inject(job["model"], Selection(op_types=tuple(job["ops"])), sketches, options)
     host = host_values(manifest, job["model"])  # weight taps: once, on the host, as `record` does
-    sess = _session(model, "all", str(Path(job["model"]).parent), mem_pattern=False)  # as `record` does
+    sess = make_session(model, for_tapped(RuntimeConfig()), base_dir=str(Path(job["model"]).parent))
     del model
     names = [o.name for o in sess.get_outputs()]
+    pipeline = BatchPipeline(lambda step, outputs: decode(manifest, outputs, host).to_arrow())
 
     def step(feeds: Feeds) -> None:
-        outputs = sess.run(None, feeds)
-        if decode_rows:  # what `record` does per batch: rows, then Arrow columns
-            decode(manifest, dict(zip(names, outputs)), host).to_arrow()
+        outputs = dict(zip(names, sess.run(None, feeds)))
+        if decode_rows:
+            pipeline.submit(0, outputs)
 
     times = timed(step, batches, job["warmup"])
+    t0 = time.perf_counter()
+    pipeline.close()  # the last batch's decode: part of the run's time
+    times[-1] += time.perf_counter() - t0
     live = sum(not t.constant for t in manifest.taps)
     return {"times": times, "tensors": live, "note": f"+{len(manifest.taps) - live} weight taps (host, once)"}
 
@@ -383,7 +386,7 @@ def profile_ops(
     import onnxruntime as ort
 
     from onnx_opscope.inject import inject
-    from onnx_opscope.runtime import RuntimeConfig
+    from onnx_opscope.runtime import RuntimeConfig, for_tapped
     from onnx_opscope.sites import Selection
     from onnx_opscope.sketches import SketchOptions
 
@@ -394,7 +397,7 @@ def profile_ops(
     with tempfile.TemporaryDirectory(prefix="opscope-prof-") as tmp:
         for label, model in (("plain", model_path), ("opscope", instrumented)):
             cfg = RuntimeConfig(graph_opt="all")
-            so = cfg.session_options()
+            so = (for_tapped(cfg) if label == "opscope" else cfg).session_options()
             so.enable_profiling = True
             so.profile_file_prefix = str(Path(tmp) / label)
             src = model.SerializeToString() if isinstance(model, onnx.ModelProto) else model

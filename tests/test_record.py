@@ -367,3 +367,14 @@ def test_help_teaches():
         "pandas.read_parquet",
     ):
         assert needle in out.stdout
+
+
+def test_arrow_columns_from_buffers():
+    """The table's columns are built from numpy buffers (no pandas import): nulls, UTF-8 and order kept."""
+    from onnx_opscope.manifest import arrow_float64, arrow_int64, arrow_strings
+
+    assert arrow_int64(np.array([1, 2, 3]), np.array([False, True, False])).to_pylist() == [1, None, 3]
+    assert arrow_int64(np.arange(9), np.zeros(9, bool)).null_count == 0
+    assert arrow_strings(["a", "bé", ""], np.array([1, 0, 2, 1])).to_pylist() == ["bé", "a", "", "bé"]
+    assert arrow_strings(["x"], np.zeros(0, np.int64)).to_pylist() == []
+    assert arrow_float64(np.array([0.5, np.nan])).to_pylist()[0] == 0.5

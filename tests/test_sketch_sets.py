@@ -61,7 +61,7 @@ def test_record_default_set_and_exact_on_cpu(tmp_path, capsys):
     # the rules whose sketches are opt-in are named, not silently passed over
     missing = unchecked_rules(res.table)
     assert missing == {"sparse": ["nnz"], "outlier": ["chan_maxabs"], "heavy_tail": ["kurtosis"],
-                       "coherent": ["adj_sumsq"]}  # fmt: skip
+                       "coherent": ["adj_sumsq", "pos_sumsq"], "positional": ["pos_sumsq"]}  # fmt: skip
     assert main(["mine", str(res.table)]) == 0
     out = capsys.readouterr().out
-    assert "not checked: sparse, outlier, heavy_tail, coherent" in out and "--sketch all" in out
+    assert "not checked: sparse, outlier, heavy_tail, coherent, positional" in out and "--sketch all" in out
