@@ -174,8 +174,11 @@ def inject(
             f"model uses opset {opset}; tapping needs opset {MIN_OPSET} or newer",
             hint="convert it with onnx.version_converter.convert_version(model, 13)",
         )
-    m = ModelProto()
-    m.CopyFrom(source)
+    if isinstance(model, ModelProto):  # the caller's model is not changed
+        m = ModelProto()
+        m.CopyFrom(source)
+    else:  # loaded here for this call alone: no second copy of the weights
+        m = source
     ctxs = _contexts(m)
     with weight_data_detached(m):  # shape inference needs no weight values
         types = _type_table(m)

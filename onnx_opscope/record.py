@@ -20,6 +20,7 @@ and the parity result).
 
 from __future__ import annotations
 
+import csv
 import json
 import os
 import shutil
@@ -42,7 +43,7 @@ from .data import FeedSpec, describe_feeds, iter_feeds
 from .errors import OpscopeError
 from .inject import inject
 from .manifest import Manifest, Rows, arrow_int64, arrow_strings, decode
-from .model import ModelLike, load_model
+from .model import ModelLike
 from .runtime import RuntimeConfig, for_tapped, make_session, resolve_providers, run
 from .sites import Selection, Site
 from .weights import host_values
@@ -210,7 +211,8 @@ class _TableWriter:
         tmp = self.out.with_name(self.out.name + ".tmp")
         with pq.ParquetWriter(tmp, SCHEMA) as writer:
             for part in sorted(self.parts_dir.glob("part-*.parquet")):
-                writer.write_table(pq.read_table(part, schema=SCHEMA))
+                # ParquetFile, not pq.read_table: that one loads pyarrow.dataset and pandas (+50 MB RSS)
+                writer.write_table(pq.ParquetFile(part).read(use_threads=False))
         os.replace(tmp, self.out)
         shutil.rmtree(self.parts_dir)
 
@@ -260,10 +262,11 @@ def record(
     fmt = _format_of(out, fmt)
     if base_dir is None and not isinstance(model, ModelProto):
         base_dir = Path(model).parent
-    source = load_model(model)
     options = sk.for_providers(options or sk.SketchOptions(), _providers_quietly(runtime))
     instrumented, manifest = inject(model, sites, sketches, options, placement)
-    host = host_values(manifest, source, base_dir)  # the weight taps, once, before any batch
+    # One copy of the model in memory: the instrumented one also gives the feeds' signature and
+    # the weights; the plain parity session reads the file itself when there is one.
+    host = host_values(manifest, instrumented, base_dir)  # the weight taps, once, before any batch
     tapped_runtime = for_tapped(runtime)
     session = make_session(instrumented, tapped_runtime, base_dir=base_dir)
     provider = _short_provider(session.get_providers()[0])
@@ -293,12 +296,12 @@ def record(
 
     pipeline = BatchPipeline(encode)
     try:
-        for step, batch in enumerate(iter_feeds(source, feeds)):
+        for step, batch in enumerate(iter_feeds(instrumented, feeds)):
             want = (originals + tap_outputs) if (parity and step == 0) else tap_outputs
             values = run(session, batch, want)
             outputs = dict(zip(want, values))
             if parity and step == 0:
-                plain = make_session(source, runtime, base_dir=base_dir)
+                plain = make_session(model, runtime, base_dir=base_dir)
                 plain_out = run(plain, batch, originals)
                 del plain
                 parity_result = check_parity(originals, plain_out, values[: len(originals)], rtol, atol)
@@ -359,23 +362,15 @@ def _site_dims(rows: Rows) -> dict[str, tuple]:
 
 
 def _write_sites(path: Path, manifest: Manifest, dims: dict[str, tuple]) -> None:
-    cols: dict[str, list] = {"site": [], "op_type": [], "order": [], "M": [], "K": [], "N": [], "flops": []}
-    for s in manifest.sites:
-        m, k, n = dims.get(s.id, (None, None, None))
-        cols["site"].append(s.id)
-        cols["op_type"].append(s.op_type)
-        cols["order"].append(s.order)
-        cols["M"].append(m)
-        cols["K"].append(k)
-        cols["N"].append(n)
-        cols["flops"].append(float(2 * m * k * n) if None not in (m, k, n) else None)
-    table = pa.table({
-        "site": pa.array(cols["site"], pa.string()), "op_type": pa.array(cols["op_type"], pa.string()),
-        "order": pa.array(cols["order"], pa.int64()), "M": pa.array(cols["M"], pa.int64()),
-        "K": pa.array(cols["K"], pa.int64()), "N": pa.array(cols["N"], pa.int64()),
-        "flops": pa.array(cols["flops"], pa.float64()),
-    })  # fmt: skip
-    pacsv.write_csv(table, path)
+    """One row per site with its run-time GEMM dims and FLOPs (the csv module: a pyarrow table from
+    Python lists would load pandas when it is installed, +32 MB RSS at the end of a recording)."""
+    with open(path, "w", newline="") as f:
+        w = csv.writer(f, quoting=csv.QUOTE_NONNUMERIC)
+        w.writerow(["site", "op_type", "order", "M", "K", "N", "flops"])
+        for s in manifest.sites:
+            m, k, n = dims.get(s.id, (None, None, None))
+            flops = float(2 * m * k * n) if None not in (m, k, n) else None
+            w.writerow([s.id, s.op_type, s.order, *("" if v is None else v for v in (m, k, n, flops))])
 
 
 def read_table(path: str | os.PathLike) -> pa.Table:
