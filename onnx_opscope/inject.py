@@ -488,9 +488,9 @@ def _expose(
             other_attr = "else_branch" if ctx.attr == "then_branch" else "then_branch"
             other = next(a.g for a in owner.attribute if a.name == other_attr)
             dummy = b.fresh("not_run")
-            dtype = np.int64 if elem == TensorProto.INT64 else np.float32
+            dtype = helper.tensor_dtype_to_np_dtype(elem)
             r = rank + stacked
-            empty = np.full((), np.nan, dtype) if r == 0 else np.zeros([0] * r, dtype)
+            empty = np.full((), np.nan if dtype.kind == "f" else 0, dtype) if r == 0 else np.zeros([0] * r, dtype)
             other.node.append(
                 helper.make_node(
                     "Constant",

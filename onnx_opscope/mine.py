@@ -8,8 +8,9 @@ tensor whose l1 never moves is stationary (precompute / prepack), one whose fing
 (elemsig) repeats can be memoized, one that moves little from step to step suits
 delta-compute. `plan.py` adds the estimated and measured benefit of each finding.
 
-Every threshold lives in `MineConfig`, never in the code; docs/mine.md gives the evidence
-behind the defaults that differ from the reference harness (hist_gaps, kurtosis, pos_cv).
+Every threshold lives in `MineConfig`, never in the code; the README section "Rules (first
+match wins)" gives the evidence behind the defaults that differ from the reference harness
+(hist_gaps, kurtosis, pos_cv).
 """
 
 from __future__ import annotations
@@ -42,7 +43,7 @@ TableLike = Any  # a path (Parquet / CSV / .parts folder), a pyarrow.Table or a 
 class MineConfig:
     """Thresholds and knobs of the miner. Defaults follow the reference harness except
     `pos_cv_min` (0.75 -> 1.0) and the two added rules (`gaps_min`, `kurtosis_min`); see
-    docs/mine.md for the measurements behind each."""
+    the README section "Rules (first match wins)" for the measurements behind each."""
 
     nonfinite_max: float = 0.0  # share of NaN/Inf above this: fix the numerics before anything else
     density_max: float = 0.5  # nnz/numel below: sparse GEMM

@@ -4,6 +4,7 @@ says when a rule's sketches were not recorded."""
 from __future__ import annotations
 
 import pytest
+from conftest import real_model_path
 from test_mine import matmul_model
 
 from onnx_opscope import sketches as sk
@@ -65,3 +66,24 @@ def test_record_default_set_and_exact_on_cpu(tmp_path, capsys):
     assert main(["mine", str(res.table)]) == 0
     out = capsys.readouterr().out
     assert "not checked: sparse, outlier, heavy_tail, coherent, positional" in out and "--sketch all" in out
+
+
+def test_exact_host_counts_come_out_of_nested_ifs(tmp_path):
+    """silero's taps sit in nested If branches: the uint8 bin indices cross them (the branch not
+    taken returns an empty uint8 tensor) and every element of the branch that ran is counted."""
+    res = record(
+        real_model_path("silero_vad_v6"),
+        out=tmp_path / "vad.parquet",
+        feeds=FeedSpec(batches=1, shapes={"input": [1, 512], "state": [2, 1, 128]}, values={"sr": 16000}),
+        options=sk.SketchOptions(hist_mode="exact"),
+    )
+    assert res.manifest.options["exact_counts"] == "host"
+    counted: dict = {}
+    numel = {}
+    for r in read_table(res.table).to_pylist():
+        if r["stat"] == "hist":
+            key = (r["site"], r["role"])
+            counted[key] = counted.get(key, 0.0) + r["value"]
+            numel[key] = r["numel"]
+    assert len(counted) >= 10 and all(k[0].startswith("If_0/") for k in counted)
+    assert counted == {k: float(v) for k, v in numel.items()}

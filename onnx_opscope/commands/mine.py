@@ -30,7 +30,7 @@ def add_parser(subparsers) -> argparse.ArgumentParser:
     p.add_argument("--measure", action="store_true",
                    help="time each exploit against dense at the site's shape (numpy / scipy; seconds)")  # fmt: skip
     p.add_argument("--set", action="append", default=[], metavar="NAME=VALUE",
-                   help="change a threshold, e.g. density_max=0.4 (repeatable; see docs/mine.md)")  # fmt: skip
+                   help="change a threshold, e.g. density_max=0.4 (repeatable; the README lists them)")  # fmt: skip
     return p
 
 
