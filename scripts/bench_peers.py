@@ -181,7 +181,9 @@ def run_opscope(job: dict, sketches: list[str] | None, hist_mode: str, decode_ro
     batches = load_batches(job["feeds"])
     options = for_providers(SketchOptions(hist_mode=hist_mode), ["CPUExecutionProvider"])
     model, manifest = inject(job["model"], Selection(op_types=tuple(job["ops"])), sketches, options)
-    host = host_values(manifest, model)  # weight taps: once, on the host, from the model in memory, as `record`
+    host = host_values(
+        manifest, model
+    )  # weight taps: once, on the host, from the model in memory, as `record`
     sess = make_session(model, for_tapped(RuntimeConfig()), base_dir=str(Path(job["model"]).parent))
     del model
     names = [o.name for o in sess.get_outputs()]
