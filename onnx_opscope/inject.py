@@ -490,7 +490,9 @@ def _expose(
             dummy = b.fresh("not_run")
             dtype = helper.tensor_dtype_to_np_dtype(elem)
             r = rank + stacked
-            empty = np.full((), np.nan if dtype.kind == "f" else 0, dtype) if r == 0 else np.zeros([0] * r, dtype)
+            empty = (
+                np.full((), np.nan if dtype.kind == "f" else 0, dtype) if r == 0 else np.zeros([0] * r, dtype)
+            )
             other.node.append(
                 helper.make_node(
                     "Constant",

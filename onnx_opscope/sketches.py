@@ -217,16 +217,22 @@ def _fin_hist(r: Raw, o: SketchOptions) -> np.ndarray:
     return _hist_counts(r["samples"], _scale(r), o)
 
 
-def sample_rows(shape: tuple[int, ...], sample_size: int) -> tuple[int, int, np.ndarray]:
-    """(rows R, row length C, the rows taken) of the sampled histogram: the tensor is viewed as
-    [R, C] with C its last dim (1 for a scalar), and ceil(sample_size / C) evenly spaced whole
-    rows are read. Whole rows are contiguous reads: 64 scattered gathers of 4,096 elements
-    cost 0.14x plain on bert_like, the rows 0.05x; every channel is in every sample."""
-    n = int(np.prod(shape)) if shape else 1
-    c = max(int(shape[-1]) if shape else 1, 1)
-    r = n // c
-    k = min(r, -(-sample_size // c))
-    return r, c, (np.arange(k, dtype=np.int64) * r) // max(k, 1)
+SAMPLE_BLOCK = 16  # the sampled histogram reads blocks of 16 contiguous elements (one cache line)
+
+
+def sample_positions(n: int, sample_size: int) -> np.ndarray:
+    """Flat positions of the sampled histogram: every element when n <= sample_size, else
+    sample_size / 16 evenly spaced blocks of 16 contiguous elements, spanning the whole tensor.
+
+    Blocks, not scattered single elements: 4096 positions j * 1000003 mod n cost 3x more on
+    the BERT-like encoder (a cache miss each, and index arithmetic on 4096 int64s), and whole
+    rows (the cheapest) follow the tensor's structure: total-variation distance to the exact
+    histogram up to 0.21 on the real models, where spread blocks stay within ~0.05.
+    """
+    i = np.arange(min(n, sample_size), dtype=np.int64)
+    blocks = max(-(-sample_size // SAMPLE_BLOCK), 2)
+    step = SAMPLE_BLOCK if n <= sample_size else (n - SAMPLE_BLOCK) // (blocks - 1)
+    return (i // SAMPLE_BLOCK) * step + i % SAMPLE_BLOCK
 
 
 def _fin_kurtosis(r: Raw, o: SketchOptions) -> np.ndarray:
@@ -274,9 +280,8 @@ def _ref_kurtosis(x, info, o):
 def _ref_hist(x, info, o):
     if o.hist_mode != "sampled":
         return _hist_counts(x, _scale_of(x), o)
-    a = np.asarray(x).astype(np.float32)
-    r, c, rows = sample_rows(a.shape, o.sample_size)
-    return _hist_counts(a.reshape(r, c)[rows], _scale_of(x), o)
+    flat = np.asarray(x).astype(np.float32).ravel()
+    return _hist_counts(flat[sample_positions(flat.size, o.sample_size)], _scale_of(x), o)
 
 
 def _ref_elemsig(x, info, o):
@@ -644,7 +649,7 @@ def build_tap(
     if "elemsig" in raws:
         out["elemsig"] = b.op("Gather", [flat, b.strided_indices(n, o.elemsig_k)], "elemsig", axis=0)
     if "samples" in raws:
-        out["samples"] = _row_samples(b, xf, flat, n, o)
+        out["samples"] = _block_samples(b, flat, n, o)
     if "tensor" in raws:
         out["tensor"] = b.op("Identity", [flat], "tensor")
     for r in raws:
@@ -694,16 +699,19 @@ def build_tap(
     return out
 
 
-def _row_samples(b: Builder, xf: str, flat: str, n: str, o: SketchOptions) -> str:
-    """The rows `sample_rows` names, gathered from x viewed as [R, C] (C = last dim, 1 for a scalar)."""
-    last = b.op("Slice", [b.op("Shape", [xf]), b.i64([-1]), b.i64([np.iinfo(np.int64).max])])
-    c = b.maximum(b.reduce("ReduceProd", last), b.i64(1))  # the product of no dim is 1
-    r = b.op("Div", [n, c])
-    k = b.minimum(r, b.op("Div", [b.op("Add", [c, b.i64(o.sample_size - 1)]), c]))
-    j = b.op("Range", [b.i64(0), k, b.i64(1)])
-    idx = b.op("Div", [b.op("Mul", [j, r]), b.maximum(k, b.i64(1))])
-    view = b.op("Reshape", [flat, b.op("Concat", [b.i64([-1]), b.op("Reshape", [c, b.i64([1])])], axis=0)])
-    return b.flat(b.op("Gather", [view, idx], axis=0), "samples")
+def _block_samples(b: Builder, flat: str, n: str, o: SketchOptions) -> str:
+    """The elements at `sample_positions`: block starts j * step (step = 16, or (n - 16) // (blocks - 1)
+    when n > sample_size) plus offsets 0..15, the first min(n, sample_size) of them."""
+    size, blk = o.sample_size, SAMPLE_BLOCK
+    blocks = max(-(-size // blk), 2)
+    m = b.minimum(n, b.i64(size))
+    wide = b.op("Div", [b.op("Sub", [n, b.i64(blk)]), b.i64(blocks - 1)])
+    step = b.op("Where", [b.op("Greater", [n, b.i64(size)]), wide, b.i64(blk)])
+    n_blocks = b.op("Div", [b.op("Add", [m, b.i64(blk - 1)]), b.i64(blk)])
+    starts = b.op("Mul", [b.op("Range", [b.i64(0), n_blocks, b.i64(1)]), step])
+    grid = b.op("Add", [b.op("Reshape", [starts, b.i64([-1, 1])]), b.i64(np.arange(blk)[None, :])])
+    pos = b.op("Slice", [b.flat(grid), b.i64([0]), b.op("Reshape", [m, b.i64([1])])])
+    return b.op("Gather", [flat, pos], "samples", axis=0)
 
 
 def _scale_of_minmax(b: Builder, lo: str, hi: str) -> str:

@@ -4,7 +4,7 @@
 
 1. Accuracy. On every tensor tapped in the real models (models/real, fetched by
    scripts/fetch_models.py) and in zoo.bert_like(), the sampled histogram (hist_mode="sampled",
-   sample_size 4096: strided positions j * 1000003 mod n) against the exact one (every finite
+   sample_size 4096: 256 evenly spaced blocks of 16 contiguous elements) against the exact one (every finite
    value), both computed by the instrumented model: total-variation distance
    TV = 1/2 * sum |p - q| between the two normalised histograms; median, p95 and max over the
    tensors larger than the sample (smaller ones are sampled whole: TV = 0).
