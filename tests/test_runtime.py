@@ -129,7 +129,7 @@ def test_runtime_config_and_record():
     }
     assert so.enable_mem_pattern and not RuntimeConfig(mem_pattern=False).session_options().enable_mem_pattern
     tapped = for_tapped(RuntimeConfig(threads=2))
-    assert (tapped.threads, tapped.mem_pattern, tapped.execution_order) == (2, False, "priority")
+    assert (tapped.threads, tapped.mem_pattern, tapped.execution_order) == (2, True, "priority")
     assert tapped.session_options().execution_order == ort.ExecutionOrder.PRIORITY_BASED
     with pytest.raises(OpscopeError) as e:
         RuntimeConfig(execution_order="fast")

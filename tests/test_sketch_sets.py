@@ -3,6 +3,7 @@ says when a rule's sketches were not recorded."""
 
 from __future__ import annotations
 
+import numpy as np
 import pytest
 from conftest import real_model_path
 from test_mine import matmul_model
@@ -87,3 +88,15 @@ def test_exact_host_counts_come_out_of_nested_ifs(tmp_path):
             numel[key] = r["numel"]
     assert len(counted) >= 10 and all(k[0].startswith("If_0/") for k in counted)
     assert counted == {k: float(v) for k, v in numel.items()}
+
+
+def test_sample_positions_spread_over_every_channel():
+    """The sampled histogram's blocks cover the tensor without lining up with its rows: on a
+    [512, 256] tensor every channel is sampled, the blocks reach both ends, none repeats."""
+    pos = sk.sample_positions(512 * 256, 4096)
+    assert pos.size == 4096 and np.unique(pos).size == 4096
+    assert set(np.unique(pos % 256)) == set(range(256))
+    assert pos.min() < 512 and pos.max() > 512 * 256 - 512
+    assert np.array_equal(sk.sample_positions(1000, 4096), np.arange(1000))  # small: every element
+    odd = sk.sample_positions(4099 * 3, 4096)  # 16 does not divide n: single elements
+    assert odd.size == 4096 and np.unique(odd).size == 4096 and odd.max() < 4099 * 3

@@ -391,8 +391,10 @@ def test_hist_modes_match_reference(name, opts):
             lo, hi = np.float32(opts.hist_range[0]), np.float32(opts.hist_range[1])
             inside = np.count_nonzero((x >= lo) & (x <= hi))
             assert got.sum() <= inside if opts.hist_mode == "sampled" else got.sum() == inside
-        elif opts.hist_mode == "sampled":
-            assert got.sum() == min(x.size, opts.sample_size)
+        elif opts.hist_mode == "sampled":  # whole blocks of 16: up to 15 elements over sample_size
+            want = min(x.size, opts.sample_size)
+            assert got.sum() == sk.sample_positions(x.size, opts.sample_size).size
+            assert want <= got.sum() < want + sk.SAMPLE_BLOCK
         else:
             assert got.sum() == x.size
 
@@ -484,8 +486,8 @@ def test_non_finite_rules(case):
     np.testing.assert_allclose(g["l1"][0], np.abs(fin).sum(), rtol=1e-5)
     assert g["nnz"][0] == np.count_nonzero(x)  # NaN and Inf are != 0
     assert g["hist"].sum() == fin.size  # exact mode: one count per finite value
-    n = x.size
-    pos = np.arange(min(n, 16)) * n // min(n, 16)  # k = min(16, numel) values at j * numel / k
+    sampled = sk.sample_positions(x.size, 4096)  # every element here: 16 values spread over them
+    pos = sampled[np.arange(min(sampled.size, 16)) * sampled.size // min(sampled.size, 16)]
     np.testing.assert_array_equal(g["elemsig"], x.ravel()[pos].astype(np.float64))
     clean = np.where(np.isfinite(x), x, 0).astype(np.float64)
     # per-row sums are taken on x / max|x| in float32: beside a -3.4e38 ("mix"), rows of ordinary
