@@ -268,7 +268,8 @@ def record(
     # the weights; the plain parity session reads the file itself when there is one.
     host = host_values(manifest, instrumented, base_dir)  # the weight taps, once, before any batch
     tapped_runtime = for_tapped(runtime)
-    session = make_session(instrumented, tapped_runtime, base_dir=base_dir)
+    # the weights go into the session; the proto keeps the graph (the feeds' signature) only
+    session = make_session(instrumented, tapped_runtime, base_dir=base_dir, take_weights=True)
     provider = _short_provider(session.get_providers()[0])
     record_rt = tapped_runtime.to_record(session)
     run_id = run_id or f"{Path(manifest.source).stem}-{datetime.now(timezone.utc):%Y%m%dT%H%M%S}"

@@ -253,7 +253,9 @@ def one(job: dict) -> None:
 
     import onnx_opscope.inject  # noqa: F401
     import onnx_opscope.manifest  # noqa: F401
+    import onnx_opscope.record  # noqa: F401 - the opscope rows' pipeline (pyarrow.parquet)
     import onnx_opscope.runtime  # noqa: F401
+    import onnx_opscope.weights  # noqa: F401
 
     with contextlib.suppress(ImportError):
         import onnxruntime.quantization.calibrate  # noqa: F401

@@ -184,7 +184,9 @@ def run_opscope(job: dict, sketches: list[str] | None, hist_mode: str, decode_ro
     host = host_values(
         manifest, model
     )  # weight taps: once, on the host, from the model in memory, as `record`
-    sess = make_session(model, for_tapped(RuntimeConfig()), base_dir=str(Path(job["model"]).parent))
+    sess = make_session(
+        model, for_tapped(RuntimeConfig()), base_dir=str(Path(job["model"]).parent), take_weights=True
+    )  # as `record` does
     del model
     names = [o.name for o in sess.get_outputs()]
     pipeline = BatchPipeline(lambda step, outputs: decode(manifest, outputs, host).to_arrow())

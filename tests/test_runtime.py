@@ -349,3 +349,22 @@ NO_ASSERT = (
 )
 def test_onnxruntime_messages_become_one_line(message, expected):
     assert runtime._one_line(RuntimeError(message)) == expected
+
+
+def test_take_weights_moves_embedded_weights_into_the_session():
+    """The big initializers go to onnxruntime as arrays: same outputs, and the proto is left
+    holding no weight bytes (small ones stay)."""
+    from onnx_opscope import zoo
+
+    model = zoo.bert_like(layers=1)
+    rng = np.random.default_rng(0)
+    ids = rng.integers(0, 1000, (2, 16)).astype(np.int64)
+    feeds = {"input_ids": ids, "attention_mask": np.ones((2, 16), np.int64)}
+    want = make_session(model).run(None, feeds)
+    big = [t.name for t in model.graph.initializer if len(t.raw_data) >= 64 * 1024]
+    assert big
+    got = make_session(model, take_weights=True).run(None, feeds)
+    np.testing.assert_array_equal(got[0], want[0])
+    moved = {t.name: t for t in model.graph.initializer}
+    assert all(not moved[n].raw_data and moved[n].data_location == TensorProto.EXTERNAL for n in big)
+    assert any(t.raw_data for t in model.graph.initializer)  # small constants stay embedded
