@@ -40,7 +40,7 @@ from . import inference_taps as it
 from . import sketches as sk
 from .errors import OpscopeError
 from .manifest import Manifest, SiteRecord, TapRecord
-from .model import ModelLike, file_sha256, load_model, model_sha256, opset_version, weight_data_detached
+from .model import ModelLike, file_sha256, load_model, model_sha256, opset_version, without_weight_data
 from .ops import MIN_OPSET, Builder, Constants
 from .sites import Selection, Site, find_sites, select
 
@@ -180,9 +180,10 @@ def inject(
     else:  # loaded here for this call alone: no second copy of the weights
         m = source
     ctxs = _contexts(m)
-    with weight_data_detached(m):  # shape inference needs no weight values
-        types = _type_table(m)
-        found = find_sites(m) if sites is None or isinstance(sites, Selection) else []
+    light = without_weight_data(m)  # shape inference and site finding need no weight values
+    types = _type_table(light)
+    found = find_sites(light) if sites is None or isinstance(sites, Selection) else []
+    del light
     if sites is None or isinstance(sites, Selection):
         if not found:
             raise OpscopeError(

@@ -230,3 +230,22 @@ def test_model_without_graph_is_not_onnx(tmp_path):
     p.write_bytes(helper.make_model(helper.make_graph([], "g", [], [])).SerializeToString()[:2])
     with pytest.raises(OpscopeError):
         load_model(p)
+
+
+def test_without_weight_data_keeps_everything_but_the_weight_bytes():
+    """Shape inference on the light copy gives the same value types; the model is not touched."""
+    from onnx_opscope import zoo
+    from onnx_opscope.model import without_weight_data
+
+    model = zoo.bert_like(layers=1)
+    before = model.SerializeToString()
+    light = without_weight_data(model)
+    assert model.SerializeToString() == before
+    big = {t.name for t in model.graph.initializer if len(t.raw_data) >= 64 * 1024}
+    stubs = {t.name: t for t in light.graph.initializer}
+    assert big and all(not stubs[n].raw_data and list(stubs[n].dims) for n in big)
+    assert light.ByteSize() < model.ByteSize() / 10
+    assert [n.name for n in light.graph.node] == [n.name for n in model.graph.node]
+    full = onnx.shape_inference.infer_shapes(model).graph.value_info
+    part = onnx.shape_inference.infer_shapes(light).graph.value_info
+    assert {v.name: v.type for v in full} == {v.name: v.type for v in part}
