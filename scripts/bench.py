@@ -633,16 +633,16 @@ def main(argv: list[str] | None = None) -> int:
     s = settings_for(args)
     only = set(args.models.split(",")) if args.models else None
     rows = [r for r in ROWS if r.quick or not s.quick]
-    if args.sketches_alone:
-        from onnx_opscope.sketches import DEFAULT_SKETCHES
-
-        rows += [
-            Row(f"opscope only {n}", "opscope", {"sketches": [n], "hist_mode": "sampled"})
-            for n in DEFAULT_SKETCHES
-        ]
     if args.rows:
         keep = {r.strip() for r in args.rows.split(";")} | {PLAIN}
         rows = [r for r in rows if r.name in keep]
+    if args.sketches_alone:  # every sketch of the registry, opt-in ones included
+        from onnx_opscope.sketches import ALL_SKETCHES
+
+        rows += [
+            Row(f"opscope only {n}", "opscope", {"sketches": [n], "hist_mode": "sampled"})
+            for n in ALL_SKETCHES
+        ]
     with tempfile.TemporaryDirectory(prefix="opscope-bench-") as tmp:
         work = Path(tmp)
         _log(f"preparing models and feeds in {work} ...")

@@ -11,7 +11,10 @@
 2. Cost. bert_like (hidden 256, 4 layers, seq 128, batch 4), ORT_ENABLE_ALL, CPU: the time of
    one instrumented run (and of the run plus decoding on the host, where `host` mode bins the
    copied-out tensors) as a ratio to the plain model's run, for each mode with sketches=["hist"]
-   alone and with the full default set. Median of --runs runs after a warm-up.
+   alone and with the default set: exact counted in the graph, and exact/cpu (bin indices in
+   the graph, np.bincount on the host: what `record` picks on the CPU provider). Sessions as
+   `record` makes them (runtime.for_tapped); onnxruntime's default threads. Median of --runs
+   runs after a warm-up.
 """
 
 from __future__ import annotations
@@ -32,7 +35,7 @@ from onnx_opscope import zoo  # noqa: E402
 from onnx_opscope.inject import inject  # noqa: E402
 from onnx_opscope.manifest import decode, decode_taps  # noqa: E402
 from onnx_opscope.model import load_model  # noqa: E402
-from onnx_opscope.runtime import RuntimeConfig, make_session  # noqa: E402
+from onnx_opscope.runtime import RuntimeConfig, for_tapped, make_session  # noqa: E402
 from onnx_opscope.sites import Selection  # noqa: E402
 from onnx_opscope.weights import host_values  # noqa: E402
 
@@ -134,12 +137,13 @@ def timing(runs: int) -> None:
     plain = make_session(model, cfg)
     base = timed(lambda: plain.run(None, feeds), runs)
     print(f"bert_like hidden 256, 4 layers, seq 128, batch 4, ORT_ENABLE_ALL: plain run {base * 1e3:.1f} ms")
-    print(f"{'sketches':<10} {'mode':<8} {'taps':>5} {'run ms':>8} {'run/plain':>10} {'+decode/plain':>14}")
+    print(f"{'sketches':<10} {'mode':<10} {'taps':>5} {'run ms':>8} {'run/plain':>10} {'+decode/plain':>14}")
+    variants = [(m, sk.SketchOptions(hist_mode=m)) for m in MODES]
+    variants.insert(2, ("exact/cpu", sk.SketchOptions(hist_mode="exact", exact_counts="host")))
     for label, names in (("hist", ["hist"]), ("default", None)):
-        for mode in MODES:
-            opts = sk.SketchOptions(hist_mode=mode)
+        for mode, opts in variants:
             inst, manifest = inject(model, Selection(kinds=("gemm",)), names, opts)
-            sess = make_session(inst, cfg)
+            sess = make_session(inst, for_tapped(cfg))  # as `record` runs it
             t_run = timed(lambda s=sess: s.run(None, feeds), runs)
             out_names = [o.name for o in sess.get_outputs()]
 
@@ -150,7 +154,7 @@ def timing(runs: int) -> None:
 
             t_all = timed(run_decode, runs)
             print(
-                f"{label:<10} {mode:<8} {len(manifest.taps):>5} {t_run * 1e3:>8.1f} "
+                f"{label:<10} {mode:<10} {len(manifest.taps):>5} {t_run * 1e3:>8.1f} "
                 f"{t_run / base:>10.2f} {t_all / base:>14.2f}"
             )
 
