@@ -10,14 +10,19 @@ The in-graph part is shared between sketches: one tapped tensor gets one small s
 made twice. Layout of that subgraph, for a tensor x cast to float32:
 
     shape, samples                       outside any branch: a cheap gather, no full pass
-    s = ReduceSum(x)                     one pass, only to detect NaN/Inf (or overflow)
-    If isnan(s - s):  slow branch        mask non-finite values, count them
-    else:             fast branch        the same statistics with no masking at all
+    s2 = ReduceSumSquare(x)              one pass: the sumsq sketch, and the NaN/Inf check
+    If isnan(s2 - s2):  slow branch      mask non-finite values, count them
+    else:               fast branch      the same statistics with no masking at all
 
-Both branches produce the same raw outputs; the fast one is what runs on clean tensors.
-Scale-sensitive sums are taken on y = x / (max|x| + 1e-12), so |y| <= 1 and nothing
-overflows in float32 even on BERT's -3.4e38 mask values; the host multiplies the scale back
-in float64.
+Both branches produce the same raw outputs; the fast one is what runs on clean tensors. A
+finite sum of squares means no NaN, no Inf and no square that overflows, so the fast branch
+sums x itself (`ynorm` = 1). The slow branch takes its sums on y = x / (max|x| + 1e-12)
+(`ynorm` = that scale), so |y| <= 1 and nothing overflows in float32 even on BERT's -3.4e38
+mask values; the host multiplies `ynorm` back in float64. The scale of histograms and
+kurtosis is rebuilt on the host from min and max, in float32 as the graph computes it.
+
+Weights (constant taps) have no subgraph: `weights.host_values` runs the references below on
+them once per recording.
 
 Non-finite values (NaN, +Inf, -Inf), exactly:
 - `nan_count`, `inf_count` count them; every other statistic ignores them: min, max, mean,
@@ -640,14 +645,8 @@ def raw_rank(raw: str) -> int:
     return 0 if raw in SCALAR_RAWS else 1
 
 
-def build_tap(
-    b: Builder, x: str, info: TapInfo, raws: list[str], o: SketchOptions, constant: bool = False
-) -> dict[str, str]:
-    """Append the nodes computing `raws` of tensor `x` to `b`; returns raw name -> 1-D output name.
-
-    A `constant` tensor (a weight) gets the masking branch inline, with no If: the whole tap is
-    then constant-foldable, so onnxruntime computes it once at session creation, not per batch.
-    """
+def build_tap(b: Builder, x: str, info: TapInfo, raws: list[str], o: SketchOptions) -> dict[str, str]:
+    """Append the nodes computing `raws` of tensor `x` to `b`; returns raw name -> output name."""
     out: dict[str, str] = {}
     if info.elem_type == TensorProto.FLOAT:
         xf = x
@@ -677,10 +676,6 @@ def build_tap(
         last = b.op("Slice", [b.op("Shape", [xf]), b.i64([-1]), b.i64([np.iinfo(np.int64).max])])
         xf = b.op("Reshape", [xf, b.op("Concat", [b.i64([-1]), last], axis=0)], "rows")
         info = TapInfo(2, TensorProto.FLOAT, 1, 0)
-    if constant:
-        names = _build_inner(b, xf, info, inner, o, slow=True)
-        out.update((r, b.op("Identity", [names[r]], r)) for r in inner)
-        return out
     # The check is Σx², per row first when pos_sumsq wants the rows: finite means no NaN, no
     # Inf and no square that overflows, so the fast branch sums x itself, with no masking and no
     # scaling pass. The rows are Mul + ReduceSum: ReduceSumSquare over an axis is 5x slower.
