@@ -279,8 +279,22 @@ def _scale_of(x: np.ndarray) -> np.float32:
     return np.float32(np.abs(v).max() if v.size else np.inf) + EPS_SCALE
 
 
-def _ref_scalar(fn, empty=np.nan):
-    return lambda x, info, o: np.array([fn(_finite(x)) if _finite(x).size else empty])
+@dataclass(frozen=True)
+class _OnFinite:
+    """A scalar reference over the finite values: fn(finite float64 values), `empty` when none."""
+
+    fn: Callable[[np.ndarray], float]
+    empty: float = np.nan
+
+    def of(self, finite: np.ndarray) -> np.ndarray:
+        return np.array([self.fn(finite) if finite.size else self.empty])
+
+    def __call__(self, x, info, o) -> np.ndarray:
+        return self.of(_finite(x))
+
+
+def _ref_scalar(fn, empty=np.nan) -> _OnFinite:
+    return _OnFinite(fn, empty)
 
 
 def _ref_kurtosis(x, info, o):
@@ -288,7 +302,8 @@ def _ref_kurtosis(x, info, o):
     if not v.size:
         return np.array([np.nan])
     d = v - v.mean()
-    m2, m4 = np.mean(d**2), np.mean(d**4)
+    d2 = d * d  # not d**4: numpy's pow is ~10x slower than two multiplies on a 16M-element weight
+    m2, m4 = np.mean(d2), np.mean(d2 * d2)
     return np.array([m4 / (m2 * m2 + EPS_KURT)])
 
 
@@ -622,6 +637,22 @@ def finalize(name: str, raw: Raw, o: SketchOptions) -> np.ndarray:
 
 def reference(name: str, x: np.ndarray, info: TapInfo, o: SketchOptions) -> np.ndarray:
     return np.asarray(REGISTRY[name].reference(x, info, o), dtype=np.float64).ravel()
+
+
+def references(names: list[str], x: np.ndarray, info: TapInfo, o: SketchOptions) -> dict[str, np.ndarray]:
+    """`reference` of each of `names` on x, the scalar ones sharing one float64 view of the
+    finite values: each alone converts and masks the whole tensor twice, which made the
+    default set ~1 s on one 4096 x 4096 weight."""
+    finite = None
+    out = {}
+    for name in names:
+        ref = REGISTRY[name].reference
+        if isinstance(ref, _OnFinite):
+            finite = _finite(x) if finite is None else finite
+            out[name] = ref.of(finite)
+        else:
+            out[name] = reference(name, x, info, o)
+    return out
 
 
 # --------------------------------------------------------------------------------------------

@@ -70,7 +70,7 @@ def host_values(
             continue
         x = _array(src, tap, base_dir)
         info = tap.info()
-        values = {name: sk.reference(name, x, info, opts) for name in tap.sketches}
+        values = sk.references(tap.sketches, x, info, opts)
         out[tap.id] = (values, [int(d) for d in x.shape])
         del x
     return out

@@ -100,3 +100,16 @@ def test_sample_positions_spread_over_every_channel():
     assert np.array_equal(sk.sample_positions(1000, 4096), np.arange(1000))  # small: every element
     odd = sk.sample_positions(4099 * 3, 4096)  # 16 does not divide n: single elements
     assert odd.size == 4096 and np.unique(odd).size == 4096 and odd.max() < 4099 * 3
+
+
+def test_references_share_the_finite_view_and_agree_with_each_reference():
+    """weights.host_values takes every sketch of a weight at once; the values are each
+    sketch's own reference exactly, non-finite values included."""
+    x = np.random.default_rng(0).standard_normal((64, 48)).astype(np.float32)
+    x[3, 5], x[7, 1], x[9, 9] = np.nan, np.inf, -np.inf
+    info, o = sk.TapInfo(2), sk.SketchOptions()
+    together = sk.references(list(sk.ALL_SKETCHES), x, info, o)
+    assert list(together) == list(sk.ALL_SKETCHES)
+    for name, got in together.items():
+        np.testing.assert_array_equal(got, sk.reference(name, x, info, o), err_msg=name)
+    assert together["nan_count"][0] == 1 and together["inf_count"][0] == 2
