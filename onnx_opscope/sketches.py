@@ -570,8 +570,8 @@ REGISTRY: dict[str, Sketch] = {
 ALL_SKETCHES: tuple[str, ...] = tuple(n for n, s in REGISTRY.items() if not s.kinds)
 # Always on: whole-tensor reductions and small gathers only, what fits the <= 1.5x-plain goal on
 # CPU (bert_like, every MatMul, 1 thread; BENCHMARKS.md). The rest are opt-in by name or with
-# "all": each needs a full elementwise pass first (x*x per row, |x|, a bool cast, (x-mean)^2)
-# and costs +0.05 to +0.4x plain there.
+# "all": l1 is one more pass (+0.05x plain there), the others need a full elementwise pass
+# first (x*x per row, |x|, a bool cast, (x-mean)^2) and cost +0.15 to +0.5x each.
 DEFAULT_SKETCHES: tuple[str, ...] = (
     "min",
     "max",
