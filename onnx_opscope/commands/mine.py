@@ -8,7 +8,16 @@ from __future__ import annotations
 
 import argparse
 
-from ..mine import config_with, mine, print_findings, save_findings, unchecked_rules
+from ..mine import (
+    collect,
+    config_with,
+    mine_series,
+    print_findings,
+    read_sketch_table,
+    save_findings,
+    unchecked_rules,
+)
+from ..plan import load_costs
 
 
 def add_parser(subparsers) -> argparse.ArgumentParser:
@@ -36,9 +45,10 @@ def add_parser(subparsers) -> argparse.ArgumentParser:
 
 def run(args: argparse.Namespace) -> int:
     config = config_with(overrides=args.set)
-    findings = mine(args.table, costs=args.costs, config=config, measure=args.measure)
+    table, path = read_sketch_table(args.table)  # read once: the findings and the unchecked rules
+    findings = mine_series(collect(table), load_costs(args.costs, path), config, measure=args.measure)
     print_findings(findings, top=args.top)
-    unchecked = unchecked_rules(args.table)
+    unchecked = unchecked_rules(table)
     if unchecked:
         need = sorted({s for m in unchecked.values() for s in m})
         print(
