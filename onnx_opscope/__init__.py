@@ -1,7 +1,74 @@
-"""onnx-opscope: where the work goes in an ONNX model, what its hot tensors look like, what pays off."""
+"""onnx-opscope: where the work goes in an ONNX model, what its hot tensors look like, what pays off.
 
-from .errors import OpscopeError
-from .model import load_model, save_model
+The public API: each function is one call for what its `opscope` command does.
 
-__all__ = ["OpscopeError", "load_model", "save_model"]
+    analyze(model)                     static per-op cost, roofline, roll-ups      (opscope analyze)
+    inject(model, sites, sketches)     instrumented model + manifest               (opscope inject)
+    record(model, out=..., feeds=...)  run batches, write the sketch table         (opscope record)
+    read_table(path)                   a sketch table, also a killed run's parts
+    mine(table)                        findings: signals, rules, plan              (opscope mine)
+    report(table, out_path)            Markdown / HTML report with plots           (opscope report)
+    parity(a, b) / parity(a, providers=...)  outputs and first diverging layer     (opscope parity)
+    fake_quant(model) / skip_blocks(model, adds)  rewrites, typed results          (opscope rewrite)
+
+Names are imported on first use, so `import onnx_opscope` stays cheap (no onnxruntime,
+pyarrow or matplotlib until a function that needs them is called).
+
+The package follows the pipeline, each layer importing only from layers below it:
+errors -> graph -> shapes -> sites -> sketch -> instrument -> transform -> compare -> run ->
+analysis -> findings -> reporting -> cli (tests/test_layout.py holds the code to it). Packages
+are nouns and API functions verbs (`analysis` holds `analyze`, `findings` holds `mine`):
+a package named like a function would rebind `onnx_opscope.<name>` to itself on import.
+"""
+
+from __future__ import annotations
+
+import importlib
+from typing import Any
+
 __version__ = "0.1.0"
+
+_API = {
+    "OpscopeError": "errors",
+    "load_model": "graph",
+    "save_model": "graph",
+    "Selection": "sites",
+    "find_sites": "sites",
+    "SketchOptions": "sketch",
+    "inject": "instrument",
+    "inject_file": "instrument",
+    "decode": "instrument",
+    "host_values": "instrument",
+    "load_manifest": "instrument",
+    "fake_quant": "transform",
+    "skip_blocks": "transform",
+    "compare_outputs": "compare",
+    "FeedSpec": "run",
+    "RuntimeConfig": "run",
+    "make_session": "run",
+    "record": "run",
+    "read_table": "run",
+    "parity": "run",
+    "validate_skips": "run",
+    "analyze": "analysis",
+    "MineConfig": "findings",
+    "mine": "findings",
+    "load_findings": "findings",
+    "save_findings": "findings",
+    "report": "reporting",
+}
+
+__all__ = sorted(_API)
+
+
+def __getattr__(name: str) -> Any:
+    module = _API.get(name)
+    if module is None:
+        raise AttributeError(f"module 'onnx_opscope' has no attribute {name!r}")
+    value = getattr(importlib.import_module(f".{module}", __name__), name)
+    globals()[name] = value
+    return value
+
+
+def __dir__() -> list[str]:
+    return sorted([*globals(), *__all__])

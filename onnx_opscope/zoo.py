@@ -16,9 +16,8 @@ Node names are stable and readable (`block1/attn/softmax`); a node's outputs are
 `<node name>_output_<i>`, like the PyTorch exporter does, and a dense layer `<prefix>`
 has nodes `<prefix>/matmul`, `<prefix>/add` and initializers `<prefix>.weight`, `<prefix>.bias`.
 
-Opset note: the zoo builds its own few opset-dependent forms (Reduce* axes as an
-attribute before opset 18, as an input from 18; Shape start/end from 15) in
-`GraphBuilder.reduce` and `GraphBuilder.dim`, so it depends on nothing else in the package.
+Opset note: the opset-dependent forms (Reduce* axes as an attribute or an input, Shape
+start/end) come from `graph.build.Builder` and `graph.opset`, as for the taps.
 """
 
 from __future__ import annotations
@@ -30,7 +29,11 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 import numpy as np
-from onnx import GraphProto, ModelProto, NodeProto, TensorProto, ValueInfoProto, helper, numpy_helper
+from onnx import GraphProto, ModelProto, TensorProto, ValueInfoProto, helper, numpy_helper
+
+from .graph.build import Builder, Constants
+from .graph.index import Names
+from .graph.opset import shape_takes_range
 
 __all__ = [
     "F32_MIN",
@@ -68,22 +71,21 @@ Shape = Sequence[Dim]
 # --------------------------------------------------------------------------------------------
 
 
-class GraphBuilder:
-    """Collects nodes, initializers, inputs and outputs of one (sub)graph.
+class GraphBuilder(Builder):
+    """Collects nodes, initializers, inputs and outputs of one (sub)graph: `graph.build.Builder` (and its
+    opset-aware helpers) with the zoo's naming.
 
-    `op` adds a node and returns its output name; node names must be unique within the
-    builder (they become opscope's site ids). `opset` picks the opset-dependent forms.
+    Every node is named explicitly (node names become opscope's site ids) and its outputs are
+    `<name>_output_<i>`; small constants are initializers `<graph>/const_<k>`, shared per value.
     """
 
     def __init__(self, name: str, opset: int):
         self.name = name
-        self.opset = opset
-        self.nodes: list[NodeProto] = []
         self.initializers: list[TensorProto] = []
         self.inputs: list[ValueInfoProto] = []
         self.outputs: list[ValueInfoProto] = []
-        self._node_names: set[str] = set()
-        self._consts: dict[tuple[str, bytes, tuple[int, ...]], str] = {}
+        names = Names()
+        super().__init__(opset, names, constants=Constants(names, f"{name}/const_", self.initializers))
 
     # ---- values ---------------------------------------------------------------------------
     def input(self, name: str, elem_type: int, shape: Shape | None) -> str:
@@ -100,16 +102,8 @@ class GraphBuilder:
         self.initializers.append(numpy_helper.from_array(np.asarray(array, order="C"), name))
         return name
 
-    def const(self, value: float | int | bool | Sequence | np.ndarray, dtype: type = np.float32) -> str:
-        """A small constant initializer, shared between uses of the same value, dtype and shape."""
-        arr = np.asarray(value, dtype=dtype)
-        key = (arr.dtype.str, arr.tobytes(), arr.shape)
-        if key not in self._consts:
-            self._consts[key] = self.weight(f"{self.name}/const_{len(self._consts)}", arr)
-        return self._consts[key]
-
-    # ---- nodes ----------------------------------------------------------------------------
-    def ops(
+    # ---- nodes: the zoo always names them -------------------------------------------------
+    def ops(  # type: ignore[override]
         self,
         op_type: str,
         inputs: Sequence[str],
@@ -120,15 +114,11 @@ class GraphBuilder:
         **attrs: object,
     ) -> list[str]:
         """Add one node; `outs` is the number of outputs (auto-named) or their names."""
-        if name in self._node_names:
-            raise ValueError(f"duplicate node name {name!r} in graph {self.name!r}")
-        self._node_names.add(name)
-        names = [f"{name}_output_{i}" for i in range(outs)] if isinstance(outs, int) else list(outs)
-        node = helper.make_node(op_type, list(inputs), names, name=name, domain=domain or None, **attrs)
-        self.nodes.append(node)
-        return names
+        if isinstance(outs, int):
+            return super().ops(op_type, inputs, outs, name=name, domain=domain, **attrs)
+        return super().ops(op_type, inputs, name=name, outs=list(outs), domain=domain, **attrs)
 
-    def op(
+    def op(  # type: ignore[override]
         self,
         op_type: str,
         inputs: Sequence[str],
@@ -141,7 +131,7 @@ class GraphBuilder:
         """Add a one-output node and return its output name (`out`, or `<name>_output_0`)."""
         return self.ops(op_type, inputs, name, [out] if out else 1, domain=domain, **attrs)[0]
 
-    def reduce(
+    def reduce(  # type: ignore[override]
         self,
         op_type: str,
         x: str,
@@ -151,29 +141,21 @@ class GraphBuilder:
         keepdims: int = 1,
         out: str | None = None,
     ) -> str:
-        """Reduce* with `axes` as an attribute (opset < 18, ReduceSum < 13) or as an input."""
-        as_input = self.opset >= (13 if op_type == "ReduceSum" else 18)
-        if as_input:
-            return self.op(op_type, [x, self.const(list(axes), np.int64)], name, out=out, keepdims=keepdims)
-        return self.op(op_type, [x], name, out=out, axes=list(axes), keepdims=keepdims)
+        return super().reduce(op_type, x, axes, keepdims, name=name, out=out)
 
-    def dim(self, x: str, axis: int, name: str) -> str:
-        """A 1-D int64 [1] tensor holding dimension `axis` of `x` (Shape start/end from opset 15)."""
-        if self.opset >= 15:
+    def unsqueeze(self, x: str, axes: Sequence[int], name: str) -> str:  # type: ignore[override]
+        return super().unsqueeze(x, axes, name=name)
+
+    def squeeze(self, x: str, axes: Sequence[int], name: str) -> str:  # type: ignore[override]
+        return super().squeeze(x, axes, name=name)
+
+    def shape_dim(self, x: str, axis: int, name: str) -> str:
+        """A 1-D int64 [1] tensor holding dimension `axis` of `x` (Shape start/end where the opset has them)."""
+        if shape_takes_range(self.opset):
             return self.op("Shape", [x], name, start=axis, end=axis + 1)
         shape = self.op("Shape", [x], f"{name}/shape")
         c = self.const
         return self.op("Slice", [shape, c([axis], np.int64), c([axis + 1], np.int64), c([0], np.int64)], name)
-
-    def unsqueeze(self, x: str, axes: Sequence[int], name: str) -> str:
-        if self.opset >= 13:
-            return self.op("Unsqueeze", [x, self.const(list(axes), np.int64)], name)
-        return self.op("Unsqueeze", [x], name, axes=list(axes))
-
-    def squeeze(self, x: str, axes: Sequence[int], name: str) -> str:
-        if self.opset >= 13:
-            return self.op("Squeeze", [x, self.const(list(axes), np.int64)], name)
-        return self.op("Squeeze", [x], name, axes=list(axes))
 
     def graph(self) -> GraphProto:
         return helper.make_graph(self.nodes, self.name, self.inputs, self.outputs, self.initializers)
@@ -438,7 +420,7 @@ def transformer_tiny_lm(seed: int = 0) -> ModelProto:
     ids = g.input("input_ids", INT64, ["batch", "seq"])
     emb = g.weight("embed.weight", _normal(rng, (vocab, hidden), 1.0))
     x = g.op("Gather", [emb, ids], "embed/gather", axis=0)
-    seq = g.dim(ids, 1, "seq_len")
+    seq = g.shape_dim(ids, 1, "seq_len")
     seq2 = g.op("Concat", [seq, seq], "seq_len2", axis=0)
     causal = g.weight("causal_bias", np.triu(np.full((max_seq, max_seq), -1e4, np.float32), k=1))
     causal = _slice_leading(g, causal, seq2, 2, "causal_bias/slice")
@@ -716,12 +698,15 @@ def quantized(seed: int = 0) -> ModelProto:
     g = GraphBuilder("quantized", 13)
     x = g.input("x", FLOAT, ["batch", 32])
 
-    def int8_weight(shape: tuple[int, int]) -> np.ndarray:
-        return np.clip(np.round(rng.standard_normal(shape) * 40), -127, 127).astype(np.int8)
+    def int8_weight(shape: tuple[int, int], limit: int = 127) -> np.ndarray:
+        return np.clip(np.round(rng.standard_normal(shape) * 40 * limit / 127), -limit, limit).astype(np.int8)
 
     # (a) dynamic quantization of the activation, integer matmul, rescale
     xq, xs, xzp = g.ops("DynamicQuantizeLinear", [x], "a/dynamic_quantize", 3)
-    wa = g.weight("mmi.weight", int8_weight((32, 16)))
+    # 7-bit weights, as onnxruntime's quantizer writes with reduce_range: on x86 CPUs without VNNI the
+    # uint8 x int8 kernel sums pairs of products in int16 and saturates on full-range weights (0.24
+    # relative error measured on an AVX2-only EPYC).
+    wa = g.weight("mmi.weight", int8_weight((32, 16), limit=63))
     acc = g.op("MatMulInteger", [xq, wa, xzp, g.const(0, np.int8)], "a/matmul_integer")
     a = g.op("Cast", [acc], "a/cast", to=FLOAT)
     a = g.op("Mul", [a, xs], "a/mul_x_scale")
@@ -926,7 +911,7 @@ def bert_like(
         axis=0,
     )
     pos_table = g.weight("embeddings.position.weight", _normal(rng, (max_seq, hidden), 0.1))
-    pos = _slice_leading(g, pos_table, g.dim(ids, 1, "seq_len"), 1, "embeddings/position_slice")
+    pos = _slice_leading(g, pos_table, g.shape_dim(ids, 1, "seq_len"), 1, "embeddings/position_slice")
     x = g.op("Add", [word, pos], "embeddings/add")
     x = _layer_norm(g, x, hidden, "embeddings/ln", rng, decomposed=True, eps=1e-12)
     m = g.op("Cast", [mask], "mask/cast", to=FLOAT)
@@ -1016,7 +1001,7 @@ def gpt2_like(
     ids = g.input("input_ids", INT64, ["batch", "seq"])
     wte = g.weight("wte.weight", _normal(rng, (vocab, hidden), 0.5))
     x = g.op("Gather", [wte, ids], "wte/gather", axis=0)
-    seq = g.dim(ids, 1, "seq_len")
+    seq = g.shape_dim(ids, 1, "seq_len")
     pos = _slice_leading(g, g.weight("wpe.weight", _normal(rng, (max_seq, hidden), 0.1)), seq, 1, "wpe/slice")
     x = g.op("Add", [x, pos], "embeddings/add")
     causal = g.weight("causal_mask", np.tril(np.ones((max_seq, max_seq), np.bool_)))

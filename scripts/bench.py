@@ -113,7 +113,7 @@ def _save_batches(path: Path, batches: list[dict[str, np.ndarray]]) -> Path:
 
 
 def _present_ops(model: Any, wanted: tuple[str, ...]) -> tuple[list[str], int]:
-    from onnx_opscope.model import load_model
+    from onnx_opscope.graph import load_model
     from onnx_opscope.sites import find_sites
 
     sites = [s for s in find_sites(load_model(model)) if s.op_type in wanted]
@@ -131,7 +131,7 @@ def _zoo_case(
 ) -> Case:
     import onnx
 
-    from onnx_opscope.data import FeedSpec, synthetic_feeds
+    from onnx_opscope.run.feeds import FeedSpec, synthetic_feeds
 
     path = work / f"{name.split()[0]}.onnx"
     if not path.exists():
@@ -165,7 +165,7 @@ _REAL: dict[str, tuple[dict, Callable[[dict], dict], tuple[str, ...], str]] = {
 def prepare_cases(work: Path, quick: bool, n: int, only: set[str] | None) -> list[Case]:
     """Write every model and its N batches of feeds into `work`; real models are read in place."""
     from onnx_opscope import zoo
-    from onnx_opscope.data import FeedSpec, synthetic_feeds
+    from onnx_opscope.run.feeds import FeedSpec, synthetic_feeds
 
     cases: list[Case] = []
 
@@ -251,11 +251,8 @@ def one(job: dict) -> None:
     """The `--one` side: import what every measurement imports, measure, print one RESULT line."""
     import onnxruntime  # noqa: F401 - same imports in every process, so RSS differences are the work
 
-    import onnx_opscope.inject  # noqa: F401
-    import onnx_opscope.manifest  # noqa: F401
-    import onnx_opscope.record  # noqa: F401 - the opscope rows' pipeline (pyarrow.parquet)
-    import onnx_opscope.runtime  # noqa: F401
-    import onnx_opscope.weights  # noqa: F401
+    import onnx_opscope.instrument  # noqa: F401 - inject, decode, host values
+    import onnx_opscope.run  # noqa: F401 - sessions and the opscope rows' pipeline (pyarrow.parquet)
 
     with contextlib.suppress(ImportError):
         import onnxruntime.quantization.calibrate  # noqa: F401
@@ -637,7 +634,7 @@ def main(argv: list[str] | None = None) -> int:
         keep = {r.strip() for r in args.rows.split(";")} | {PLAIN}
         rows = [r for r in rows if r.name in keep]
     if args.sketches_alone:  # every sketch of the registry, opt-in ones included
-        from onnx_opscope.sketches import ALL_SKETCHES
+        from onnx_opscope.sketch import ALL_SKETCHES
 
         rows += [
             Row(f"opscope only {n}", "opscope", {"sketches": [n], "hist_mode": "sampled"})

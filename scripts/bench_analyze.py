@@ -27,7 +27,7 @@ from onnx import TensorProto, helper, numpy_helper
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
-from onnx_opscope.costs import analyze  # noqa: E402
+from onnx_opscope.analysis import analyze  # noqa: E402
 
 REAL = ["ppocrv4_rec", "ppocrv4_det", "silero_vad_v6", "captcha_crnn", "magika_standard_v3_3"]
 REAL_SHAPES = {

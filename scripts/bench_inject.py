@@ -46,7 +46,7 @@ def vm_hwm_mb() -> float:
 
 
 def child_external(src: str, out_dir: str) -> dict:
-    from onnx_opscope.inject import inject_file
+    from onnx_opscope.instrument import inject_file
 
     base = vm_hwm_mb()
     out = Path(out_dir)
@@ -65,7 +65,7 @@ def child_external(src: str, out_dir: str) -> dict:
 
 def child_wide(n_nodes: int) -> dict:
     from onnx_opscope import zoo
-    from onnx_opscope.inject import inject
+    from onnx_opscope.instrument import inject
 
     model = zoo.wide_graph(n_nodes)
     base = vm_hwm_mb()

@@ -153,7 +153,7 @@ def host_stats(x: np.ndarray, bins: int = 32) -> tuple:
 
 
 def _session(model: str | onnx.ModelProto, graph_opt: str, base_dir: str | None = None):
-    from onnx_opscope.runtime import RuntimeConfig, make_session
+    from onnx_opscope.run.session import RuntimeConfig, make_session
 
     return make_session(model, RuntimeConfig(graph_opt=graph_opt), base_dir=base_dir)
 
@@ -170,13 +170,11 @@ def run_opscope(job: dict, sketches: list[str] | None, hist_mode: str, decode_ro
     """What `record` does per batch, on the session it makes: run (all outputs), then decode the
     sketches into an Arrow table on its pipeline thread, overlapping the next run
     (`decode_rows=False` leaves the decoding out, to show what it costs)."""
-    from onnx_opscope.inject import inject
-    from onnx_opscope.manifest import decode
-    from onnx_opscope.record import BatchPipeline
-    from onnx_opscope.runtime import RuntimeConfig, for_tapped, make_session
+    from onnx_opscope.instrument import decode, host_values, inject
+    from onnx_opscope.run.recorder import BatchPipeline
+    from onnx_opscope.run.session import RuntimeConfig, for_tapped, make_session
     from onnx_opscope.sites import Selection
-    from onnx_opscope.sketches import SketchOptions, for_providers
-    from onnx_opscope.weights import host_values
+    from onnx_opscope.sketch import SketchOptions, for_providers
 
     batches = load_batches(job["feeds"])
     options = for_providers(SketchOptions(hist_mode=hist_mode), ["CPUExecutionProvider"])
@@ -303,7 +301,7 @@ def run_copy_out(job: dict, via: str) -> dict:
 
 def run_inject(job: dict) -> dict:
     """inject_file on a model whose weights are external: time and extra peak RSS of that call."""
-    from onnx_opscope.inject import inject_file
+    from onnx_opscope.instrument import inject_file
     from onnx_opscope.sites import Selection
 
     src = Path(job["model"])
@@ -318,11 +316,11 @@ def run_inject(job: dict) -> dict:
 
 
 def run_analyze(job: dict) -> dict:
-    """onnx_opscope.costs.analyze on zoo.wide_graph(n): time and extra peak RSS of the call."""
+    """onnx_opscope.analyze on zoo.wide_graph(n): time and extra peak RSS of the call."""
     try:
-        from onnx_opscope import costs
+        from onnx_opscope import analysis as costs
     except ImportError as exc:
-        return {"skipped": f"onnx_opscope.costs not importable yet ({one_line(exc)})"}
+        return {"skipped": f"onnx_opscope.analysis not importable yet ({one_line(exc)})"}
     from onnx_opscope import zoo
 
     model = zoo.wide_graph(job["nodes"])
@@ -341,11 +339,11 @@ def run_analyze(job: dict) -> dict:
 
 
 def run_flops(job: dict) -> dict:
-    """FLOP totals at the feed shapes: onnx_opscope.costs.analyze beside onnx-tool (2 x its MACs)."""
+    """FLOP totals at the feed shapes: onnx_opscope.analyze beside onnx-tool (2 x its MACs)."""
     shapes = {k: list(v.shape) for k, v in load_batches(job["feeds"])[0].items()}
     out: dict[str, Any] = {}
     try:
-        from onnx_opscope import costs
+        from onnx_opscope import analysis as costs
 
         t0 = time.perf_counter()
         report = costs.analyze(job["model"], shapes=shapes)
@@ -353,7 +351,7 @@ def run_flops(job: dict) -> dict:
         out["ours_s"] = time.perf_counter() - t0
         out["ours_unknown"] = report.totals.get("flops_unknown_nodes")
     except ImportError as exc:
-        out["ours_error"] = f"onnx_opscope.costs not importable yet ({one_line(exc)})"
+        out["ours_error"] = f"onnx_opscope.analysis not importable yet ({one_line(exc)})"
     except Exception as exc:  # a benchmark reports a failure in its row and goes on
         out["ours_error"] = one_line(exc)
     try:
@@ -389,10 +387,10 @@ def profile_ops(
     """
     import onnxruntime as ort
 
-    from onnx_opscope.inject import inject
-    from onnx_opscope.runtime import RuntimeConfig, for_tapped
+    from onnx_opscope.instrument import inject
+    from onnx_opscope.run.session import RuntimeConfig, for_tapped
     from onnx_opscope.sites import Selection
-    from onnx_opscope.sketches import SketchOptions
+    from onnx_opscope.sketch import SketchOptions
 
     result = {}
     instrumented, _ = inject(

@@ -30,14 +30,17 @@ import numpy as np
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
-from onnx_opscope import sketches as sk  # noqa: E402
+from onnx_opscope import sketch as sk  # noqa: E402
 from onnx_opscope import zoo  # noqa: E402
-from onnx_opscope.inject import inject  # noqa: E402
-from onnx_opscope.manifest import decode, decode_taps  # noqa: E402
-from onnx_opscope.model import load_model  # noqa: E402
-from onnx_opscope.runtime import RuntimeConfig, for_tapped, make_session  # noqa: E402
+from onnx_opscope.graph import load_model  # noqa: E402
+from onnx_opscope.instrument import (  # noqa: E402
+    decode,
+    decode_taps,
+    host_values,  # noqa: E402
+    inject,  # noqa: E402
+)
+from onnx_opscope.run.session import RuntimeConfig, for_tapped, make_session  # noqa: E402
 from onnx_opscope.sites import Selection  # noqa: E402
-from onnx_opscope.weights import host_values  # noqa: E402
 
 REAL = ROOT / "models" / "real"
 MODES = ("sampled", "exact", "host")

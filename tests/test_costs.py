@@ -18,13 +18,14 @@ import pytest
 from conftest import real_model_path
 from onnx import TensorProto, helper, numpy_helper
 
-from onnx_opscope.commands import analyze as analyze_cmd
-from onnx_opscope.costs import analyze, node_ids, site_flops
+from onnx_opscope.analysis import analyze, site_flops
+from onnx_opscope.analysis.opcosts import FORMULAS
+from onnx_opscope.analysis.roofline import DEVICES, get_device
+from onnx_opscope.cli import analyze as analyze_cmd
 from onnx_opscope.errors import OpscopeError
-from onnx_opscope.opcosts import FORMULAS
-from onnx_opscope.roofline import DEVICES, get_device
-from onnx_opscope.shapes import infer_shapes, parse_dim_args, parse_shape_args
-from onnx_opscope.symbolic import Poly, parse_dim
+from onnx_opscope.graph import node_ids
+from onnx_opscope.shapes import infer_shapes
+from onnx_opscope.shapes.symbolic import Poly, parse_dim
 
 F = TensorProto.FLOAT
 RNG = np.random.default_rng(0)
@@ -948,16 +949,6 @@ def test_site_flops_keys():
         [_vi("z", [2])],
     )
     assert node_ids(dup.graph) == ["r", "r#2"]
-
-
-def test_shape_and_dim_parsing():
-    assert parse_shape_args(["x:1,3,224,224", "ids:2,seq"]) == {"x": [1, 3, 224, 224], "ids": [2, "seq"]}
-    assert parse_dim_args(["batch=4", "seq = 128"]) == {"batch": 4, "seq": 128}
-    for bad in (["x"], ["x:1,,2"], [":1"]):
-        with pytest.raises(OpscopeError):
-            parse_shape_args(bad)
-    with pytest.raises(OpscopeError):
-        parse_dim_args(["batch"])
 
 
 def test_unnamed_input_dims_get_symbols():

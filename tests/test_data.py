@@ -3,36 +3,28 @@ documented rules, real data loads from every supported layout, and mistakes are 
 
 from __future__ import annotations
 
-import argparse
-
 import numpy as np
 import onnx
 import pytest
 from conftest import real_model_path
 from onnx import TensorProto, helper, numpy_helper
 
-from onnx_opscope.data import (
+from onnx_opscope.errors import OpscopeError
+from onnx_opscope.graph.io import load_model
+from onnx_opscope.run.feeds import (
     DEFAULT_INT_RANGE,
     DISTRIBUTIONS,
     FeedSpec,
-    add_feed_arguments,
     check_feeds,
     default_ranges,
     describe_feeds,
-    feed_spec_from_args,
     input_signature,
     iter_feeds,
     load_data,
     outlier_channels,
-    parse_dim,
-    parse_range,
-    parse_shape,
-    parse_value,
     resolve_shapes,
     synthetic_feeds,
 )
-from onnx_opscope.errors import OpscopeError
-from onnx_opscope.model import load_model
 
 SHAPE = (2, 64, 128)
 
@@ -478,80 +470,6 @@ def test_check_feeds_errors():
             silero, {"input": np.zeros((1, 512), np.float32), "state": np.zeros((2, 1, 128), np.float32)}
         )
     assert "'sr'" in one_line(e) and "missing" in one_line(e)
-
-
-# ---------------------------------------------------------------------------------------------
-# CLI strings
-
-
-def test_parse_good_strings():
-    assert parse_shape("x:1,3,48,320") == ("x", [1, 3, 48, 320])
-    assert parse_shape("input:0:1, 512") == ("input:0", [1, 512])  # split on the last ':'
-    assert parse_shape("sr:") == ("sr", [])
-    assert parse_dim("batch=4") == ("batch", 4)
-    assert parse_range("ids:0,100") == ("ids", (0, 100))
-    assert parse_range("t:-5,5") == ("t", (-5, 5))
-    assert parse_value("sr:16000") == ("sr", 16000)
-    assert parse_value("s:1,2.5") == ("s", [1, 2.5])
-    assert parse_value("flag:true") == ("flag", True)
-    assert parse_value("t:-1e-3") == ("t", -0.001)
-
-
-@pytest.mark.parametrize(
-    "parse, text, words",
-    [
-        (parse_shape, "x1,3,48", ["NAME:D0,D1"]),
-        (parse_shape, "x:1,a,48", ["'a'", "not an integer"]),
-        (parse_shape, "x:1,0,48", ["positive"]),
-        (parse_shape, ":1,3", ["NAME:D0,D1"]),
-        (parse_dim, "batch:4", ["SYMBOL=N"]),
-        (parse_dim, "batch=0", ["positive"]),
-        (parse_range, "ids:5,1", ["below"]),
-        (parse_range, "ids:5", ["NAME:LO,HI"]),
-        (parse_range, "ids:0,1.5", ["'1.5'"]),
-        (parse_value, "sr:", ["no value"]),
-        (parse_value, "sr:abc", ["'abc'", "not a number"]),
-    ],
-)
-def test_parse_bad_strings(parse, text, words):
-    with pytest.raises(OpscopeError) as e:
-        parse(text)
-    assert text in one_line(e) and all(w in one_line(e) for w in words)
-
-
-def test_argument_group_round_trip():
-    parser = argparse.ArgumentParser()
-    add_feed_arguments(parser)
-    args = parser.parse_args(
-        [
-            "--dist",
-            "outlier",
-            "--shape",
-            "input:1,512",
-            "--shape",
-            "state:2,1,128",
-            "--value",
-            "sr:16000",
-            "--dim",
-            "batch=4,seq=8",
-            "--range",
-            "ids:0,9",
-            "--seed",
-            "5",
-            "--batches",
-            "3",
-        ]
-    )
-    spec = feed_spec_from_args(args)
-    assert spec.dist == "outlier" and spec.seed == 5 and spec.batches == 3 and spec.data is None
-    assert spec.shapes == {"input": [1, 512], "state": [2, 1, 128]} and spec.values == {"sr": 16000}
-    assert spec.dims == {"batch": 4, "seq": 8} and spec.ranges == {"ids": (0, 9)}
-    defaults = feed_spec_from_args(parser.parse_args([]))
-    assert defaults == FeedSpec()
-    with pytest.raises(OpscopeError):
-        feed_spec_from_args(parser.parse_args(["--shape", "x=1,2"]))
-    for flag in ("--dist", "--data", "--shape", "--dim", "--range", "--value", "--seed", "--batches"):
-        assert flag in parser.format_help()
 
 
 def test_load_model_is_reused():

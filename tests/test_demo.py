@@ -5,11 +5,11 @@ from __future__ import annotations
 import json
 
 from onnx_opscope.cli import main
-from onnx_opscope.record import read_table
+from onnx_opscope.run import read_table
 
 
 def test_demo_runs_the_whole_loop(tmp_path, capsys):
-    assert main(["demo", "--out-dir", str(tmp_path), "--batches", "3"]) == 0
+    assert main(["demo", "-o", str(tmp_path), "--batches", "3"]) == 0
     out = capsys.readouterr().out
     for stage in ("analyze", "record", "mine", "report"):
         assert stage in out

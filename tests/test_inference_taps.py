@@ -10,21 +10,22 @@ import math
 
 import numpy as np
 import onnx
+import pyarrow as pa
 import pytest
 from conftest import real_model_path
 from onnx import TensorProto, helper, numpy_helper
 
-from onnx_opscope import inference_taps as it
-from onnx_opscope import sketches as sk
+from onnx_opscope import sketch as sk
 from onnx_opscope import zoo
 from onnx_opscope.errors import OpscopeError
-from onnx_opscope.inject import inject
-from onnx_opscope.manifest import decode, decode_tap
-from onnx_opscope.model import load_model
-from onnx_opscope.ops import Builder
-from onnx_opscope.runtime import RuntimeConfig, make_session
-from onnx_opscope.sites import Selection, find_sites, select
-from onnx_opscope.weights import host_values
+from onnx_opscope.findings import MineConfig, mine
+from onnx_opscope.graph.build import Builder
+from onnx_opscope.graph.index import Names
+from onnx_opscope.graph.io import load_model
+from onnx_opscope.instrument import decode, decode_tap, host_values, inject
+from onnx_opscope.run.session import RuntimeConfig, make_session
+from onnx_opscope.sites import SHADOW_SUFFIX, Selection, find_sites, select
+from onnx_opscope.sketch.context import TapContext
 
 CFG = RuntimeConfig(graph_opt="disable")
 
@@ -93,7 +94,7 @@ def test_moe_and_contrib_sites():
     assert router.kind == "attn" and router.taps[0].role == "probs"  # not attention: no probs @ V
     attn = [s for s in find_sites(zoo.build("attention_contrib")) if s.kind == "attn"]
     assert [s.id for s in attn] == ["attn/attention"]
-    assert attn[0].taps[0].tensor.endswith(it.SHADOW_SUFFIX)
+    assert attn[0].taps[0].tensor.endswith(SHADOW_SUFFIX)
 
 
 def test_selection_by_kind_and_op():
@@ -147,8 +148,9 @@ def test_moe_route_load_matches_bincount():
 
 
 def test_route_load_without_static_experts_uses_max_id():
-    b = Builder(17, "t_", set())
-    out = it.build_route_load(b, "ids_f", sk.TapInfo(None, TensorProto.FLOAT), sk.SketchOptions())
+    b = Builder(17, Names(), "t_")
+    info, opts = sk.TapInfo(None, TensorProto.FLOAT), sk.SketchOptions()
+    out = sk.REGISTRY["route_load"].build(TapContext.for_tensor(b, "ids_f", info, opts))["route_load"]
     g = helper.make_graph(
         [helper.make_node("Cast", ["ids"], ["ids_f"], to=TensorProto.FLOAT), *b.nodes],
         "g",
@@ -159,7 +161,7 @@ def test_route_load_without_static_experts_uses_max_id():
     ids = np.array([[0, 3], [3, 5], [1, 3]], np.int64)
     got = make_session(m, CFG).run(None, {"ids": ids})[0]
     np.testing.assert_array_equal(got, np.bincount(ids.ravel()))
-    np.testing.assert_array_equal(got, it.ref_route_load(ids, sk.TapInfo(None), sk.SketchOptions()))
+    np.testing.assert_array_equal(got, sk.reference("route_load", ids, sk.TapInfo(None), opts))
 
 
 def test_ppocrv4_rec_softmax_attention_matches_numpy():
@@ -338,32 +340,58 @@ def _table(model_name: str, dims: dict, steps: int = 2):
 
 
 def test_findings_on_tiny_lm():
-    table = _table("transformer_tiny_lm", {"batch": 2, "seq": 16})
-    attn = it.attention_findings(table)
-    assert [f["site"] for f in attn] == ["block1/attn/softmax", "block2/attn/softmax"]
+    """The miner names the attention sinks and the near-identity block, with the command that skips it."""
+    findings = mine(pa.table(_table("transformer_tiny_lm", {"batch": 2, "seq": 16})), model="tiny.onnx")
+    attn = [f for f in findings if f.kind == "attn"]
+    assert sorted(f.site for f in attn) == ["block1/attn/softmax", "block2/attn/softmax"]
     for f in attn:
-        assert f["rule"] == "concentrated_attention" and f["signals"]["sink_key"] == 0
-        assert f["signals"]["mean_peak"] > 0.3 and "sink" in f["exploit"]
-    gaps = {r["site"]: r["gap"] for r in it.residual_gaps(table)}
-    assert list(gaps) == [
+        assert f.rule == "concentrated_attention" and f.signals["sink_key"] == 0 and f.role == "attn"
+        assert f.signals["mean_peak"] > 0.3 and "sink" in f.exploit and f.score == f.signals["mean_peak"]
+    residual = {f.site: f for f in findings if f.kind == "residual"}
+    assert sorted(residual) == [
         "block1/attn_residual",
         "block1/mlp_residual",
         "block2/attn_residual",
         "block2/mlp_residual",
     ]
+    gaps = {site: f.signals["gap"] for site, f in residual.items()}
     assert gaps["block1/attn_residual"] > 0.3 and gaps["block2/mlp_residual"] < 0.01
-    found = it.residual_findings(
-        table, skip_quality={"block2/attn_residual": {"cosine": 0.99999, "top1": 1.0}}
+    weak = sorted(s for s, f in residual.items() if f.rule == "weak_residual_branch")
+    assert weak == ["block2/attn_residual", "block2/mlp_residual"]
+    f = residual["block2/mlp_residual"]
+    assert (
+        0.9 < f.score <= 1
+        and f.action == "opscope rewrite skip tiny.onnx --blocks block2/mlp_residual -o skipped.onnx"
     )
-    assert [f["site"] for f in found] == ["block2/attn_residual", "block2/mlp_residual"]
-    assert found[0]["validation"]["passed"] and "validation" not in found[1]
-    assert found[0]["rule"] == "weak_residual_branch" and 0.9 < found[0]["score"] <= 1
+    assert (
+        residual["block1/attn_residual"].rule == "strong_residual_branch"
+        and not residual["block1/attn_residual"].action
+    )
+    # a candidate with quality numbers is validated, the others are not
+    quality = {
+        "block2/attn_residual": {"cosine": 0.99999, "top1": 1.0},
+        "block2/mlp_residual": {"cosine": 0.9, "top1": 0.5},
+    }
+    checked = {
+        f.site: f
+        for f in mine(pa.table(_table("transformer_tiny_lm", {"batch": 2, "seq": 16})), skip_quality=quality)
+    }
+    assert (
+        checked["block2/attn_residual"].validation["passed"]
+        and not checked["block2/mlp_residual"].validation["passed"]
+    )
+    assert checked["block1/attn_residual"].validation is None
 
 
 def test_routing_findings_on_moe():
-    found = it.routing_findings(_table("moe", {"tokens": 64}))
-    cold = next(f for f in found if f["rule"] == "cold_experts")
-    hot = next(f for f in found if f["rule"] == "hot_expert")
-    assert cold["site"] == "router/topk" and 7 in cold["signals"]["cold"] and 0 not in cold["signals"]["cold"]
-    assert hot["signals"]["hot"] in (0, 1) and "prefetch" in hot["exploit"]
-    assert math.isclose(sum(cold["signals"]["load_share"]), 1.0)
+    findings = mine(pa.table(_table("moe", {"tokens": 64})))
+    route = [f for f in findings if f.kind == "route"]
+    assert len(route) == 1  # one finding per (site, role)
+    f = route[0]
+    assert f.site == "router/topk" and f.rule == "cold_experts"
+    assert 7 in f.signals["cold"] and 0 not in f.signals["cold"] and f.signals["hot"] in (0, 1)
+    assert "prefetch" in f.note and math.isclose(sum(f.signals["load_share"]), 1.0)
+    balanced = mine(
+        pa.table(_table("moe", {"tokens": 64})), config=MineConfig(cold_share_max=0.0, hot_imbalance_min=10)
+    )
+    assert next(f for f in balanced if f.kind == "route").rule == "balanced_experts"

@@ -32,14 +32,12 @@ from test_sketches import (
     tensor_values,
 )
 
-from onnx_opscope import sketches as sk
+from onnx_opscope import sketch as sk
 from onnx_opscope import zoo
 from onnx_opscope.errors import OpscopeError
-from onnx_opscope.inject import inject
-from onnx_opscope.manifest import decode, decode_tap, decode_taps
-from onnx_opscope.model import iter_graphs, load_model
-from onnx_opscope.runtime import RuntimeConfig, make_session, run
-from onnx_opscope.weights import host_values
+from onnx_opscope.graph import iter_graphs, load_model
+from onnx_opscope.instrument import decode, decode_tap, decode_taps, host_values, inject
+from onnx_opscope.run.session import RuntimeConfig, make_session, run
 
 RTOL_OPT, ATOL_OPT = 1e-4, 1e-6
 OFF, ALL = RuntimeConfig(graph_opt="disable"), RuntimeConfig(graph_opt="all")
@@ -328,7 +326,7 @@ def test_loop_and_scan_taps_are_stacked_per_iteration():
                 [(np.diff(s.astype(np.float64), axis=0) ** 2).sum(-1) for s in steps]
             ),
         }[stat]
-        assert ref.merge in ("min", "max", "sum", "maxelem", "concat")
+        assert ref.merge in (sk.merge.MIN, sk.merge.MAX, sk.merge.SUM, sk.merge.ELEMENT_MAX, sk.merge.CONCAT)
         assert_sketch(stat, got[stat], want.astype(np.float64), x, "scan x_t")
     h = next(t for t in manifest.taps if t.tensor == "h_in")
     h_all = np.concatenate([x.mean(1)[None], np.moveaxis(plain["ys"], 1, 0)[:-1]])
@@ -411,8 +409,7 @@ def test_opset_below_11_is_refused():
 
 
 def test_inject_file_writes_model_and_manifest(tmp_path):
-    from onnx_opscope.inject import inject_file
-    from onnx_opscope.manifest import load_manifest
+    from onnx_opscope.instrument import inject_file, load_manifest
 
     src = generated_model_path("cnn")
     path, mpath, manifest = inject_file(src, tmp_path / "out" / "cnn_tapped.onnx")

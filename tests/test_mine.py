@@ -13,10 +13,8 @@ import pytest
 from onnx import TensorProto, helper, numpy_helper
 
 from onnx_opscope.cli import main
-from onnx_opscope.data import DISTRIBUTIONS, FeedSpec
 from onnx_opscope.errors import OpscopeError
-from onnx_opscope.mine import (
-    DENSE_NOTE,
+from onnx_opscope.findings import (
     RULES,
     MineConfig,
     collect,
@@ -29,7 +27,9 @@ from onnx_opscope.mine import (
     save_findings,
     step_signals,
 )
-from onnx_opscope.record import read_table, record
+from onnx_opscope.findings.rules import DENSE_NOTE
+from onnx_opscope.run import read_table, record
+from onnx_opscope.run.feeds import DISTRIBUTIONS, FeedSpec
 from onnx_opscope.sites import Selection
 
 B, T, C = 2, 64, 64  # x[B, T, C] @ W[C, C]: M = 128, K = N = 64
@@ -422,7 +422,7 @@ def test_print_findings(seven, capsys):
 
 def test_cli_mine(seven, tmp_path, capsys):
     paths, _ = seven
-    rc = main(["mine", str(paths["sparse90"]), "--json", str(tmp_path / "f.json"), "--top", "2",
+    rc = main(["mine", str(paths["sparse90"]), "-o", str(tmp_path / "f.json"), "--top", "2",
                "--set", "density_max=0.2"])  # fmt: skip
     out = capsys.readouterr().out
     assert rc == 0 and "sparse GEMM" in out and "nnz/numel < 0.2" in out
@@ -433,8 +433,8 @@ def test_cli_mine(seven, tmp_path, capsys):
 
 
 def test_load_costs_accepts_every_form(tmp_path):
-    from onnx_opscope.costs import analyze
-    from onnx_opscope.plan import load_costs
+    from onnx_opscope.analysis import analyze
+    from onnx_opscope.findings.plan import load_costs
 
     report = analyze(matmul_model())
     from_report = load_costs(report)

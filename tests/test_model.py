@@ -16,9 +16,9 @@ from onnx import TensorProto, helper
 from onnx_opscope import zoo
 from onnx_opscope.cli import main
 from onnx_opscope.errors import OpscopeError
-from onnx_opscope.inject import inject, inject_file
-from onnx_opscope.model import external_files, load_model, opset_version, save_model
-from onnx_opscope.runtime import RuntimeConfig, make_session
+from onnx_opscope.graph.io import external_files, load_model, opset_version, save_model
+from onnx_opscope.instrument import inject, inject_file
+from onnx_opscope.run.session import RuntimeConfig, make_session
 
 WEIGHT_BYTES = 32 * 1024**2  # big enough that loading it would dwarf everything else inject allocates
 OFF = RuntimeConfig(graph_opt="disable")
@@ -235,7 +235,7 @@ def test_model_without_graph_is_not_onnx(tmp_path):
 def test_without_weight_data_keeps_everything_but_the_weight_bytes():
     """Shape inference on the light copy gives the same value types; the model is not touched."""
     from onnx_opscope import zoo
-    from onnx_opscope.model import without_weight_data
+    from onnx_opscope.graph.io import without_weight_data
 
     model = zoo.bert_like(layers=1)
     before = model.SerializeToString()

@@ -10,11 +10,12 @@ import pytest
 
 from onnx_opscope import zoo
 from onnx_opscope.cli import main
-from onnx_opscope.data import FeedSpec
+from onnx_opscope.compare import compare_outputs, looks_like_logits
 from onnx_opscope.errors import OpscopeError
-from onnx_opscope.parity import compare_outputs, looks_like_logits, parity_models, parity_providers
-from onnx_opscope.rewrite import fake_quant, skip_blocks
+from onnx_opscope.run import parity_models, parity_providers
+from onnx_opscope.run.feeds import FeedSpec
 from onnx_opscope.sites import Selection
+from onnx_opscope.transform import fake_quant, skip_blocks
 
 LM_FEEDS = FeedSpec(dims={"batch": 2, "seq": 12}, batches=2)
 LM_ARGS = ["--dim", "batch=2,seq=12", "--batches", "2"]
@@ -46,11 +47,11 @@ def test_compare_outputs_metrics():
 
 
 def test_skip_near_identity_passes_strongest_fails(lm):
-    near, _ = skip_blocks(lm, ["block2/*"])
+    near = skip_blocks(lm, ["block2/*"]).model
     rep = parity_models(lm, near, LM_FEEDS, tol=1e-2)
     assert rep.passed and rep.batches == 2 and rep.summary()["top1"] == 1.0
     assert "block2/attn/softmax" in rep.sites_only_in_a and rep.first_divergent is None
-    strong, _ = skip_blocks(lm, ["block1/*"])
+    strong = skip_blocks(lm, ["block1/*"]).model
     rep = parity_models(lm, strong, LM_FEEDS, tol=1e-2)
     assert not rep.passed and rep.summary()["cosine"] < 0.9
     # The first site downstream of the removed block 1 is where it shows
@@ -59,7 +60,7 @@ def test_skip_near_identity_passes_strongest_fails(lm):
 
 
 def test_fake_quant_first_divergent_site_is_first_matmul(lm):
-    fq, _ = fake_quant(lm)
+    fq = fake_quant(lm).model
     rep = parity_models(lm, fq, LM_FEEDS, tol=1e-4)
     assert not rep.passed
     first = rep.first_divergent
@@ -107,7 +108,7 @@ def test_cli_exit_codes(tmp_path, capsys, lm):
     assert main(["rewrite", "fakequant", str(src), "-o", str(fq), "--mode", "channel", *LM_ARGS]) == 0
     assert "cosine 0.99" in capsys.readouterr().out
     report = tmp_path / "p.json"
-    assert main(["parity", str(src), str(near), "--tol", "0.01", "--json", str(report), *LM_ARGS]) == 0
+    assert main(["parity", str(src), str(near), "--tol", "0.01", "-o", str(report), *LM_ARGS]) == 0
     assert json.loads(report.read_text())["passed"] is True
     assert main(["parity", str(src), str(far), *LM_ARGS, "--no-layers"]) == 1
     assert "FAILED" in capsys.readouterr().out

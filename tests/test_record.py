@@ -16,12 +16,13 @@ import pyarrow.parquet as pq
 import pytest
 from conftest import ROOT, generated_model_path, real_model_path
 
-from onnx_opscope import sketches as sk
+from onnx_opscope import sketch as sk
 from onnx_opscope.cli import main
-from onnx_opscope.data import FeedSpec, iter_feeds
-from onnx_opscope.manifest import Manifest
-from onnx_opscope.record import check_parity, read_table, record, sidecar_paths
-from onnx_opscope.runtime import RuntimeConfig, make_session, run
+from onnx_opscope.compare import check_drop_in
+from onnx_opscope.instrument import Manifest
+from onnx_opscope.run import read_table, record, sidecar_paths
+from onnx_opscope.run.feeds import FeedSpec, iter_feeds
+from onnx_opscope.run.session import RuntimeConfig, make_session, run
 
 REAL_FEEDS = {
     "ppocrv4_rec": ["--shape", "x:1,3,48,320"],
@@ -106,7 +107,7 @@ def test_record_cli_generated_models(tmp_path):
         run_meta = json.loads(sidecar_paths(out)[1].read_text())
         assert run_meta["batches"] == 3 and run_meta["parity"]["ok"]
         assert table.num_rows == run_meta["rows"]
-        from onnx_opscope.inject import inject
+        from onnx_opscope.instrument import inject
 
         _, manifest = inject(generated_model_path(name))
         check_table_against_manifest(table, manifest, 3)
@@ -118,7 +119,7 @@ def test_record_cli_real_models(tmp_path, name):
     out = tmp_path / "t.parquet"
     assert main(["record", str(path), "-o", str(out), "--batches", "3", "-q", *REAL_FEEDS[name]]) == 0
     table = pq.read_table(out)
-    from onnx_opscope.inject import inject
+    from onnx_opscope.instrument import inject
 
     _, manifest = inject(path)
     check_table_against_manifest(table, manifest, 3)
@@ -199,7 +200,7 @@ def _start_long_recording(out: Path) -> subprocess.Popen:
     cmd = [
         sys.executable,
         "-m",
-        "onnx_opscope.cli",
+        "onnx_opscope",
         "record",
         str(generated_model_path("transformer_block")),
         "-o",
@@ -248,11 +249,11 @@ def test_terminated_recording_merges_into_one_file(tmp_path):
 
 def test_parity_gate_reports_the_worst_output():
     a = [np.array([1.0, 2.0]), np.array([10.0, 20.0])]
-    same = check_parity(["p", "q"], a, [x.copy() for x in a], 0.0, 0.0)
+    same = check_drop_in(["p", "q"], a, [x.copy() for x in a], 0.0, 0.0)
     assert same.ok and same.max_abs == 0
-    moved = check_parity(["p", "q"], a, [a[0], np.array([10.0, 21.0])], 1e-3, 0.0)
+    moved = check_drop_in(["p", "q"], a, [a[0], np.array([10.0, 21.0])], 1e-3, 0.0)
     assert not moved.ok and moved.worst_output == "q" and moved.max_abs == pytest.approx(1.0)
-    assert check_parity(["p", "q"], a, [a[0], np.array([10.0, 20.001])], 1e-3, 0.0).ok
+    assert check_drop_in(["p", "q"], a, [a[0], np.array([10.0, 20.001])], 1e-3, 0.0).ok
 
 
 def test_record_runs_two_shapes_of_one_model(tmp_path):
@@ -350,7 +351,7 @@ def test_cli_model_failure_is_one_line(capsys, tmp_path):
 
 def test_help_teaches():
     out = subprocess.run(
-        [sys.executable, "-m", "onnx_opscope.cli", "record", "--help"],
+        [sys.executable, "-m", "onnx_opscope", "record", "--help"],
         capture_output=True,
         text=True,
         cwd=ROOT,
@@ -371,7 +372,7 @@ def test_help_teaches():
 
 def test_arrow_columns_from_buffers():
     """The table's columns are built from numpy buffers (no pandas import): nulls, UTF-8 and order kept."""
-    from onnx_opscope.manifest import arrow_float64, arrow_int64, arrow_strings
+    from onnx_opscope.instrument.rows import arrow_float64, arrow_int64, arrow_strings
 
     assert arrow_int64(np.array([1, 2, 3]), np.array([False, True, False])).to_pylist() == [1, None, 3]
     assert arrow_int64(np.arange(9), np.zeros(9, bool)).null_count == 0

@@ -12,14 +12,14 @@ import numpy as np
 import pytest
 from onnx import TensorProto, helper, numpy_helper
 
+from onnx_opscope.analysis import analyze
 from onnx_opscope.cli import main
-from onnx_opscope.costs import analyze
-from onnx_opscope.data import FeedSpec
 from onnx_opscope.errors import OpscopeError
-from onnx_opscope.mine import MineConfig, collect
-from onnx_opscope.plan import load_costs
-from onnx_opscope.record import record
-from onnx_opscope.report import make_plots, write_report
+from onnx_opscope.findings import MineConfig, collect
+from onnx_opscope.findings.plan import load_costs
+from onnx_opscope.reporting import make_plots, report
+from onnx_opscope.run import record
+from onnx_opscope.run.feeds import FeedSpec
 from onnx_opscope.sites import Selection
 
 
@@ -52,7 +52,7 @@ def table(tmp_path_factory):
     import pyarrow as pa
     import pyarrow.parquet as pq
 
-    from onnx_opscope.record import read_table
+    from onnx_opscope.run import read_table
 
     root = tmp_path_factory.mktemp("report")
     parts = []
@@ -69,7 +69,7 @@ def table(tmp_path_factory):
 @pytest.fixture(scope="module")
 def html_report(table, tmp_path_factory):
     out = tmp_path_factory.mktemp("html") / "report.html"
-    write_report(table, None, out, costs=analyze(matmul_model()))
+    report(table, out, costs=analyze(matmul_model()))
     return out
 
 
@@ -101,7 +101,7 @@ def test_external_url_regex_catches_fetches():
 
 def test_markdown_report_from_saved_findings_via_cli(table, tmp_path, capsys):
     """`opscope mine --json` then `opscope report --findings ... -o r.md`: PNGs beside it, linked relatively."""
-    assert main(["mine", str(table), "--json", str(tmp_path / "f.json")]) == 0
+    assert main(["mine", str(table), "-o", str(tmp_path / "f.json")]) == 0
     out = tmp_path / "r.md"
     assert main(["report", str(table), "--findings", str(tmp_path / "f.json"), "-o", str(out)]) == 0
     assert "wrote" in capsys.readouterr().out
@@ -121,7 +121,7 @@ def test_no_findings_no_plots(table):
 
 def test_report_errors(table, tmp_path, capsys):
     with pytest.raises(OpscopeError, match=r"\.html or \.md"):
-        write_report(table, None, tmp_path / "r.pdf")
+        report(table, tmp_path / "r.pdf")
     out = tmp_path / "cli.html"
     assert main(["report", str(tmp_path / "missing.parquet"), "-o", str(out)]) == 2
     assert "no such table" in capsys.readouterr().err

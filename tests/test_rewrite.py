@@ -9,11 +9,11 @@ from conftest import real_model_path
 from onnx import TensorProto, helper, numpy_helper
 
 from onnx_opscope import zoo
+from onnx_opscope.compare import compare_outputs
 from onnx_opscope.errors import OpscopeError
-from onnx_opscope.model import load_model, save_model
-from onnx_opscope.parity import compare_outputs
-from onnx_opscope.rewrite import fake_quant, fake_quant_reference, prune, residual_sites, skip_blocks
-from onnx_opscope.runtime import RuntimeConfig, make_session
+from onnx_opscope.graph.io import load_model, save_model
+from onnx_opscope.run.session import RuntimeConfig, make_session
+from onnx_opscope.transform import fake_quant, fake_quant_reference, prune, residual_sites, skip_blocks
 
 CFG = RuntimeConfig(graph_opt="disable")
 
@@ -37,13 +37,14 @@ def tiny_lm():
 def test_skip_near_identity_block_keeps_outputs(tiny_lm):
     model, feeds, ref = tiny_lm
     before = model.SerializeToString()
-    skipped, report = skip_blocks(model, ["block2/*"])
+    report = skip_blocks(model, ["block2/*"])
+    skipped = report.model
     assert model.SerializeToString() == before  # the input is not touched
-    assert [s["site"] for s in report["skipped"]] == ["block2/attn_residual", "block2/mlp_residual"]
+    assert [s.site for s in report.skipped] == ["block2/attn_residual", "block2/mlp_residual"]
     inits = {t.name for t in skipped.graph.initializer}
     assert not any(n.startswith("block2/") and n != "block2/attn/key_bias" for n in inits)
     assert not any(n.name.startswith("block2/") and n.op_type != "Identity" for n in skipped.graph.node)
-    assert report["ops_removed"]["MatMul"] == 8 and report["params_removed"] > 10_000
+    assert report.pruned.ops_removed["MatMul"] == 8 and report.pruned.params_removed > 10_000
     assert [o.name for o in skipped.graph.output] == ["logits"]
     onnx.checker.check_model(skipped)
     q = compare_outputs(ref, outputs(skipped, feeds))["logits"]
@@ -52,7 +53,7 @@ def test_skip_near_identity_block_keeps_outputs(tiny_lm):
 
 def test_skip_strongest_block_does_not(tiny_lm):
     model, feeds, ref = tiny_lm
-    skipped, _ = skip_blocks(model, ["block1/attn_residual", "block1/mlp_residual"])
+    skipped = skip_blocks(model, ["block1/attn_residual", "block1/mlp_residual"]).model
     q = compare_outputs(ref, outputs(skipped, feeds))["logits"]
     assert q["cosine"] < 0.9 and q["top1"] < 0.8
 
@@ -60,8 +61,8 @@ def test_skip_strongest_block_does_not(tiny_lm):
 def test_skip_by_index_and_errors(tiny_lm):
     model = tiny_lm[0]
     assert [s.id for s in residual_sites(model)][3] == "block2/mlp_residual"
-    _, report = skip_blocks(model, ["3"])
-    assert [s["site"] for s in report["skipped"]] == ["block2/mlp_residual"]
+    report = skip_blocks(model, ["3"])
+    assert [s.site for s in report.skipped] == ["block2/mlp_residual"]
     with pytest.raises(OpscopeError, match="did you mean 'block2/mlp_residual'"):
         skip_blocks(model, ["block2/mlp_residul"])
     with pytest.raises(OpscopeError, match="has 4 residual Adds"):
@@ -80,14 +81,15 @@ def test_skip_keeps_external_weights_on_disk(tmp_path, tiny_lm):
         location="lm.data",
         size_threshold=256,
     )
-    skipped, report = skip_blocks(src, ["block2/*"])
+    report = skip_blocks(src, ["block2/*"])
+    skipped = report.model
     assert any(t.data_location == TensorProto.EXTERNAL for t in skipped.graph.initializer)
     assert all(
         t.data_location == TensorProto.EXTERNAL
         for t in skipped.graph.initializer
         if not t.raw_data and t.dims
     )
-    assert report["bytes_removed"] > 0
+    assert report.pruned.bytes_removed > 0
     out = save_model(skipped, tmp_path / "out" / "skip.onnx", base_dir=src.parent)
     q = compare_outputs(ref, outputs(out, feeds))["logits"]
     assert q["cosine"] > 0.9999
@@ -98,7 +100,7 @@ def test_prune_keeps_outer_scope_references():
         m = zoo.build(name)
         copy = onnx.ModelProto()
         copy.CopyFrom(m)
-        assert prune(copy)["nodes_removed"] == 0, name
+        assert prune(copy).nodes_removed == 0, name
         assert len(copy.graph.initializer) == len(m.graph.initializer), name
 
 
@@ -132,8 +134,9 @@ def test_fake_quant_matches_numpy_per_row_int8():
     x = rng.standard_normal((3, 8)).astype(np.float32)
     w = rng.standard_normal((8, 4)).astype(np.float32)
     model = _matmul_model(x.shape, w)
-    fq, report = fake_quant(model)
-    assert [(q["operand"], q["kind"]) for q in report["quantized"]] == [("A", "activation")]
+    report = fake_quant(model)
+    fq = report.model
+    assert [(q.operand, q.kind) for q in report.quantized] == [("A", "activation")]
     y = outputs(fq, {"x": x})["y"]
     ref = _per_row_int8(x.astype(np.float64)) @ w
     assert np.linalg.norm(y - ref) / np.linalg.norm(ref) < 0.01
@@ -146,16 +149,17 @@ def test_fake_quant_channel_gemm_and_weights():
     rng = np.random.default_rng(1)
     x = rng.standard_normal((5, 8)).astype(np.float32)
     w = rng.standard_normal((8, 4)).astype(np.float32)
-    fq, _ = fake_quant(_matmul_model(x.shape, w), mode="channel")
+    fq = fake_quant(_matmul_model(x.shape, w), mode="channel").model
     np.testing.assert_allclose(
         outputs(fq, {"x": x})["y"], fake_quant_reference(x, (0,)) @ w, rtol=1e-5, atol=1e-6
     )
-    fq, report = fake_quant(_matmul_model(x.shape, w), weights=True)
-    assert [q["kind"] for q in report["quantized"]] == ["activation", "weight"]
+    report = fake_quant(_matmul_model(x.shape, w), weights=True)
+    fq = report.model
+    assert [q.kind for q in report.quantized] == ["activation", "weight"]
     want = fake_quant_reference(x, (-1,)) @ fake_quant_reference(w, (0,))  # weights per output column
     np.testing.assert_allclose(outputs(fq, {"x": x})["y"], want, rtol=1e-5, atol=1e-6)
     xt = np.ascontiguousarray(x.T)  # Gemm transA: the activation is [K, M], K on axis 0
-    fq, _ = fake_quant(_matmul_model(xt.shape, w, gemm_trans_a=True))
+    fq = fake_quant(_matmul_model(xt.shape, w, gemm_trans_a=True)).model
     np.testing.assert_allclose(
         outputs(fq, {"x": xt})["y"], fake_quant_reference(xt, (0,)).T @ w, rtol=1e-5, atol=1e-6
     )
@@ -164,8 +168,9 @@ def test_fake_quant_channel_gemm_and_weights():
 def test_fake_quant_inside_loop_body():
     m = zoo.build("loop")
     feeds = zoo.example_feeds("loop")
-    fq, report = fake_quant(m, weights=True)
-    assert any(q["graph"] for q in report["quantized"])  # the body's MatMul
+    report = fake_quant(m, weights=True)
+    fq = report.model
+    assert any(q.graph for q in report.quantized)  # the body's MatMul
     ref, got = outputs(m, feeds), outputs(fq, feeds)
     for name, q in compare_outputs(ref, got).items():
         assert q["cosine"] > 0.999 and q["max_rel"] > 0, name
@@ -176,8 +181,9 @@ def test_fake_quant_on_real_model():
     x = np.random.default_rng(0).uniform(-1, 1, (1, 3, 48, 320)).astype(np.float32)
     ref = outputs(path, {"x": x})
     for mode, weights in (("token", False), ("channel", True)):
-        fq, report = fake_quant(path, mode, weights)
-        assert len([q for q in report["quantized"] if q["kind"] == "activation"]) == 17
+        report = fake_quant(path, mode, weights)
+        fq = report.model
+        assert len([q for q in report.quantized if q.kind == "activation"]) == 17
         q = next(iter(compare_outputs(ref, outputs(fq, {"x": x}, base_dir=path.parent)).values()))
         assert q["cosine"] > 0.999 and q["top1"] >= 0.97 and 0 < q["max_rel"] < 0.1, (mode, q)
     assert load_model(path).graph.node[0].op_type  # the source file is untouched and still loads

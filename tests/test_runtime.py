@@ -3,7 +3,6 @@ with external data, and model failures reported as one line naming the node."""
 
 from __future__ import annotations
 
-import argparse
 import os
 import warnings
 
@@ -14,20 +13,18 @@ import pytest
 from conftest import real_model_path
 from onnx import TensorProto, helper, numpy_helper
 
-from onnx_opscope import runtime
-from onnx_opscope.data import FeedSpec, synthetic_feeds
 from onnx_opscope.errors import OpscopeError
-from onnx_opscope.model import load_model
-from onnx_opscope.runtime import (
+from onnx_opscope.graph.io import load_model
+from onnx_opscope.run import session as runtime
+from onnx_opscope.run.feeds import FeedSpec, synthetic_feeds
+from onnx_opscope.run.session import (
     CPU,
     ProviderFallbackWarning,
     RuntimeConfig,
-    add_runtime_arguments,
     for_tapped,
     make_session,
     resolve_providers,
     run,
-    runtime_config_from_args,
     session_signature,
 )
 
@@ -140,19 +137,6 @@ def test_runtime_config_and_record():
     with pytest.raises(OpscopeError) as e:
         RuntimeConfig(threads=0)
     assert "threads" in one_line(e)
-
-
-def test_runtime_arguments():
-    parser = argparse.ArgumentParser()
-    add_runtime_arguments(parser)
-    args = parser.parse_args(
-        ["--provider", "cuda,cpu", "--fallback", "--opt-level", "disable", "--threads", "3"]
-    )
-    config = runtime_config_from_args(args)
-    assert config == RuntimeConfig(providers="cuda,cpu", graph_opt="disable", threads=3, fallback=True)
-    assert runtime_config_from_args(parser.parse_args([])) == RuntimeConfig()
-    for flag in ("--provider", "--fallback", "--opt-level", "--threads"):
-        assert flag in parser.format_help()
 
 
 # ---------------------------------------------------------------------------------------------

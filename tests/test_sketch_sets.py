@@ -8,12 +8,12 @@ import pytest
 from conftest import real_model_path
 from test_mine import matmul_model
 
-from onnx_opscope import sketches as sk
+from onnx_opscope import sketch as sk
 from onnx_opscope.cli import main
-from onnx_opscope.data import FeedSpec
 from onnx_opscope.errors import OpscopeError
-from onnx_opscope.mine import RULE_SKETCHES, RULES, unchecked_rules
-from onnx_opscope.record import read_table, record
+from onnx_opscope.findings import RULE_SKETCHES, RULES, unchecked_rules
+from onnx_opscope.run import read_table, record
+from onnx_opscope.run.feeds import FeedSpec
 
 
 def test_sets_resolve_in_registry_order():

@@ -23,14 +23,22 @@ import pytest
 from conftest import REAL_NAMES, generated_model_path, real_model_path
 from onnx import TensorProto, helper, numpy_helper
 
-from onnx_opscope import sketches as sk
+from onnx_opscope import sketch as sk
 from onnx_opscope import zoo
-from onnx_opscope.inject import inject
-from onnx_opscope.manifest import HostValues, Manifest, TapRecord, _merge, decode_tap, decode_taps
-from onnx_opscope.model import load_model
-from onnx_opscope.runtime import RuntimeConfig, make_session
+from onnx_opscope.graph.io import load_model
+from onnx_opscope.instrument import (
+    HostValues,
+    Manifest,
+    TapRecord,
+    decode_tap,
+    decode_taps,
+    host_values,
+    inject,
+)
+from onnx_opscope.run.session import RuntimeConfig, make_session
 from onnx_opscope.sites import Selection
-from onnx_opscope.weights import host_values
+from onnx_opscope.sketch.channels import outlier_ratio
+from onnx_opscope.sketch.context import SAMPLE_BLOCK
 
 CFG = RuntimeConfig(graph_opt="disable")
 
@@ -315,17 +323,15 @@ def test_loop_body_taps_merge_per_iteration():
         got, shape = decode_tap(tap, outs, opts)
         assert shape == [4, 16] or shape == [16, 16]
         numels = [per[i][tap.tensor].size for i in range(3)]
+        names = sk.with_sources(tap.sketches)
+        refs = [{n: sk.reference(n, it[tap.tensor], tap.info(), opts) for n in names} for it in per]
+        merged = sk.merge_parts(names, refs, numels)
+        assert isinstance(
+            sk.REGISTRY["chan_outlier"].merge, sk.Derived
+        )  # recomputed from the merged chan_maxabs
+        np.testing.assert_array_equal(merged["chan_outlier"], outlier_ratio(merged["chan_maxabs"]))
         for stat in tap.sketches:
-            refs = [sk.reference(stat, it[tap.tensor], tap.info(), opts) for it in per]
-            ref = _merge(stat, refs, numels)
-            if stat == "chan_outlier":  # derived: recomputed from the merged chan_maxabs
-                ref = sk._chan_outlier(
-                    _merge(
-                        "chan_maxabs",
-                        [sk.reference("chan_maxabs", it[tap.tensor], tap.info(), opts) for it in per],
-                        numels,
-                    )
-                )
+            ref = merged[stat]
             x = np.stack([it[tap.tensor] for it in per])
             assert_sketch(stat, got[stat], ref, x, f"loop {tap.tensor}")
     # the merge rules, spelled out on one tap: min of mins, sum of sums, concat of rows
@@ -394,13 +400,13 @@ def test_hist_modes_match_reference(name, opts):
         elif opts.hist_mode == "sampled":  # whole blocks of 16: up to 15 elements over sample_size
             want = min(x.size, opts.sample_size)
             assert got.sum() == sk.sample_positions(x.size, opts.sample_size).size
-            assert want <= got.sum() < want + sk.SAMPLE_BLOCK
+            assert want <= got.sum() < want + SAMPLE_BLOCK
         else:
             assert got.sum() == x.size
 
 
 def _all_nodes(model: onnx.ModelProto):
-    from onnx_opscope.model import iter_graphs
+    from onnx_opscope.graph import iter_graphs
 
     for _, g in iter_graphs(model.graph):
         yield from g.node

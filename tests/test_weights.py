@@ -14,14 +14,21 @@ import pytest
 from onnx import TensorProto, helper, numpy_helper
 from test_sketches import run_all
 
-from onnx_opscope import sketches as sk
+from onnx_opscope import sketch as sk
 from onnx_opscope import zoo
 from onnx_opscope.errors import OpscopeError
-from onnx_opscope.inject import inject, inject_file
-from onnx_opscope.manifest import decode, decode_tap, decode_taps, load_manifest
-from onnx_opscope.model import is_external, iter_graphs, load_model
+from onnx_opscope.graph import iter_graphs, load_model
+from onnx_opscope.graph.proto import is_external
+from onnx_opscope.instrument import (
+    decode,
+    decode_tap,
+    decode_taps,
+    host_values,
+    inject,
+    inject_file,
+    load_manifest,
+)
 from onnx_opscope.sites import Selection
-from onnx_opscope.weights import host_values
 
 F = TensorProto.FLOAT
 
@@ -208,9 +215,10 @@ def _branch(name: str, w: np.ndarray) -> onnx.GraphProto:
 
 
 def test_weights_in_branches_of_an_unnamed_if_found_in_the_instrumented_model():
-    """An unnamed If is named by its index (`If_1`); in the instrumented model the taps inserted before
-    it move it, and both branches define a weight `Wb`: each tap still gets its own branch's weight,
-    and a weight follows its branch (left out when the branch did not run)."""
+    """An unnamed If is `If_0` (the first unnamed If of its graph); the taps inserted before it in the
+    instrumented model are named, so its id and its branches' paths stay the same there. Both branches
+    define a weight `Wb`: each tap gets its own branch's weight, from the source or the instrumented
+    model, and a weight follows its branch (left out when the branch did not run)."""
     rng = np.random.default_rng(0)
     w0 = rng.standard_normal((8, 8)).astype(np.float32)
     w_then, w_else = (rng.standard_normal((8, 4)) * s for s in (1.0, 10.0))
@@ -235,11 +243,11 @@ def test_weights_in_branches_of_an_unnamed_if_found_in_the_instrumented_model():
     inst, manifest = inject(model)
     assert [n.op_type for n in inst.graph.node].index("If") > 1  # moved past the taps of mm0
     wb = {t.graph: t for t in manifest.taps if t.tensor == "Wb"}
-    assert set(wb) == {"If_1/then_branch", "If_1/else_branch"} and all(t.constant for t in wb.values())
+    assert set(wb) == {"If_0/then_branch", "If_0/else_branch"} and all(t.constant for t in wb.values())
     opts = manifest.sketch_options()
     for source in (model, inst):
         host = host_values(manifest, source)
-        for path, w in (("If_1/then_branch", w_then), ("If_1/else_branch", w_else)):
+        for path, w in (("If_0/then_branch", w_then), ("If_0/else_branch", w_else)):
             tap = wb[path]
             for stat in tap.sketches:
                 ref = sk.reference(stat, w.astype(np.float32), tap.info(), opts)
@@ -248,8 +256,8 @@ def test_weights_in_branches_of_an_unnamed_if_found_in_the_instrumented_model():
     x = rng.standard_normal((2, 8)).astype(np.float32)
     for flag, ran, idle in ((True, "then", "else"), (False, "else", "then")):
         decoded = decode_taps(manifest, run_all(inst, {"x": x, "flag": np.array(flag)}), host)
-        assert decoded[wb[f"If_1/{ran}_branch"].id][1] == [8, 4]
-        assert decoded[wb[f"If_1/{idle}_branch"].id] == ({}, None)
+        assert decoded[wb[f"If_0/{ran}_branch"].id][1] == [8, 4]
+        assert decoded[wb[f"If_0/{idle}_branch"].id] == ({}, None)
         assert decoded[next(t.id for t in manifest.taps if t.tensor == "W0")][1] == [8, 8]
 
 
@@ -283,7 +291,7 @@ def test_constant_node_weights():
         for stat in tap.sketches:
             np.testing.assert_array_equal(host[tap.id][0][stat], sk.reference(stat, arr, tap.info(), opts))
     # a value_floats Constant, looked up directly
-    from onnx_opscope.weights import _array
+    from onnx_opscope.instrument.host import _array
 
     node = next(n for n in model.graph.node if n.name == "cb")
     np.testing.assert_array_equal(_array(node, const["W"], None), np.array([1.0, -2.0, 0.0, 4.0], np.float32))

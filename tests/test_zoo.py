@@ -14,7 +14,7 @@ from conftest import ROOT, generated_model_path
 from onnx import TensorProto, helper, numpy_helper
 
 from onnx_opscope import zoo
-from onnx_opscope.model import iter_graphs, load_model
+from onnx_opscope.graph import iter_graphs, load_model
 
 NAMES = list(zoo.MODELS)
 CONTRACT = {

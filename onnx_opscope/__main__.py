@@ -1,0 +1,7 @@
+"""`python -m onnx_opscope ...` is the `opscope` command."""
+
+import sys
+
+from .cli import main
+
+sys.exit(main())

@@ -1,0 +1,13 @@
+"""Static analysis: where the work of a model goes, without running it (and, asked, measured time).
+
+- `costs`: `analyze` (per-node FLOPs, bytes, intensity, roofline class, roll-ups; `Report`);
+- `opcosts`: the FLOP formula of every op kind;
+- `roofline`: device presets and the roofline classification;
+- `profile`: measured seconds per op kind (onnxruntime's profiler);
+- `table`: the report as terminal tables.
+"""
+
+from .costs import OpCost, Report, analyze, site_flops
+from .roofline import DEVICES, Device, get_device
+
+__all__ = ["DEVICES", "Device", "OpCost", "Report", "analyze", "get_device", "site_flops"]

@@ -1,0 +1,90 @@
+"""`opscope analyze`: static per-op cost, roofline and roll-ups of a model (`onnx_opscope.analyze`)."""
+
+from __future__ import annotations
+
+import argparse
+import sys
+
+from ..analysis import DEVICES, analyze
+from ..errors import OpscopeError
+from .options import add_output_argument, add_quiet_argument, add_shape_arguments, shapes_from_args
+
+FORMATS = ("table", "json", "csv", "parquet")
+EPILOG = """examples:
+  opscope analyze model.onnx                                  # symbols stay symbols
+  opscope analyze model.onnx --dim batch=4 --dim seq=128      # give input symbols values
+  opscope analyze model.onnx --shape x:1,3,224,224 --device h100 --top 20
+  opscope analyze model.onnx --format json -o costs.json      # for `opscope mine/report --costs`
+  opscope analyze model.onnx --profile --shape x:1,3,640,640  # + measured time share per op kind
+"""
+
+
+def add_parser(subparsers) -> argparse.ArgumentParser:
+    p = subparsers.add_parser(
+        "analyze",
+        help="where the work of a model goes, without running it",
+        description="Per-op FLOPs, bytes (weights / graph I/O / intermediates), arithmetic intensity and roofline "
+        "class, with roll-ups by op kind, GEMM shape, traffic, boundedness and fusion. Symbolic dims stay symbols "
+        "(costs become expressions) unless --shape / --dim give them values. External weights are never read.",
+        epilog=EPILOG,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
+    p.add_argument("model", help="path to an .onnx file")
+    add_shape_arguments(p.add_argument_group("shapes", "input shapes and symbol values"), symbols=True)
+    p.add_argument("--device", default="cpu", help=f"roofline preset: {', '.join(DEVICES)} (default cpu)")
+    p.add_argument("--ridge", type=float, metavar="FLOP_PER_BYTE", help="override the device's ridge point")
+    p.add_argument("--top", type=int, default=15, metavar="N", help="rows in the top-ops and GEMM tables")
+    p.add_argument("--format", choices=FORMATS, default="table", help="output format (default table)")
+    add_output_argument(p, "write to FILE instead of stdout")
+    add_quiet_argument(p)
+    p.add_argument(
+        "--profile",
+        action="store_true",
+        help="also run the model on onnxruntime CPU with a seeded synthetic feed and show measured time share per "
+        "op kind",
+    )
+    p.add_argument("--runs", type=int, default=3, help="profiled runs after one warm-up (default 3)")
+    p.add_argument(
+        "--no-symbolic",
+        action="store_true",
+        help="skip onnxruntime's symbolic shape inference (onnx inference + fallback only)",
+    )
+    return p
+
+
+def run(args: argparse.Namespace) -> int:
+    if args.format == "parquet" and not args.output:
+        raise OpscopeError("--format parquet needs -o FILE")
+    shapes, dims = shapes_from_args(args, symbols=True)
+    report = analyze(
+        args.model,
+        shapes,
+        dims,
+        device=args.device,
+        ridge=args.ridge,
+        symbolic=False if args.no_symbolic else "auto",
+        profile=args.profile,
+        profile_runs=args.runs,
+    )
+    if args.format == "table":
+        from ..analysis.table import print_report
+
+        if args.output:
+            with open(args.output, "w") as f:
+                print_report(report, top=args.top, file=f)
+        elif not args.quiet:
+            print_report(report, top=args.top)
+    elif args.output:
+        report.write(args.output, args.format)
+    elif args.format == "json":
+        sys.stdout.write(report.to_json() + "\n")
+    else:  # csv to stdout
+        import pyarrow as pa
+        import pyarrow.csv as pacsv
+
+        sink = pa.BufferOutputStream()
+        pacsv.write_csv(report.to_arrow(), sink)
+        sys.stdout.write(sink.getvalue().to_pybytes().decode())
+    if args.output and not args.quiet:
+        print(f"wrote {args.output}", file=sys.stderr)
+    return 0

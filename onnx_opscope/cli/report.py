@@ -1,0 +1,55 @@
+"""`opscope report`: the findings of a sketch table with plots, as HTML or Markdown (`onnx_opscope.report`)."""
+
+from __future__ import annotations
+
+import argparse
+from pathlib import Path
+
+from ..findings import config_with
+from ..reporting import report
+from .mine import set_epilog
+from .options import add_output_argument, add_quiet_argument
+
+EPILOG = """examples:
+  opscope report sketches.parquet -o report.html
+  opscope report sketches.parquet --findings findings.json --costs costs.json -o report.html
+  opscope report sketches.parquet -o report.md        # PNGs go to report_files/
+"""
+
+
+def add_parser(subparsers) -> argparse.ArgumentParser:
+    p = subparsers.add_parser(
+        "report",
+        help="HTML or Markdown report of a sketch table's findings, with plots",
+        description="Ranked findings and what to do about them, their signals, a histogram heatmap, per-channel "
+        "max|x| of the top outlier sites, density and score per site, and a roofline scatter when --costs gives "
+        "the analyzer's per-op costs. HTML is one self-contained file (images embedded, nothing fetched); "
+        "Markdown writes its PNGs to <stem>_files/ beside it.",
+        epilog=EPILOG + "\n" + set_epilog(),
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
+    p.add_argument("table", help="sketch table written by `opscope record` (.parquet or .csv)")
+    add_output_argument(p, "the report, .html or .md", default=Path("report.html"))
+    p.add_argument(
+        "--findings", metavar="FILE", help="findings saved by `opscope mine -o` (default: mine now)"
+    )
+    p.add_argument("--costs", metavar="FILE",
+                   help="`opscope analyze` output (.json/.csv/.parquet) for FLOP shares and the roofline; "
+                   "default: the table's own .sites.csv")  # fmt: skip
+    p.add_argument("--set", action="append", default=[], metavar="NAME=VALUE",
+                   help="change a threshold when mining now, e.g. density_max=0.4 (repeatable; listed below)")  # fmt: skip
+    add_quiet_argument(p)
+    return p
+
+
+def run(args: argparse.Namespace) -> int:
+    path = report(
+        args.table,
+        args.output,
+        findings=args.findings,
+        costs=args.costs,
+        config=config_with(overrides=args.set),
+    )
+    if not args.quiet:
+        print(f"wrote {path}")
+    return 0

@@ -1,0 +1,51 @@
+"""Findings: what a sketch table says can be exploited, per (site, role), with a guard and a benefit.
+
+- `series`: the tidy table split into series (all steps of one run, site and role);
+- `signals`: scale-free signals per step, and what a series of steps says;
+- `rules` and `inference`: the rules of each site kind (the gemm cascade, attention, routing,
+  residual blocks), thresholds in `config.MineConfig`;
+- `miner`: `mine`, one `finding.Finding` per (run, site, role), ranked;
+- `plan`: estimated and measured speed-ups, FLOP share and savings;
+- `finding` (JSON) and `show` (terminal): the findings written out.
+"""
+
+from .config import MineConfig, config_with, describe
+from .finding import FORMAT, Finding, Temporal, findings_to_dict, load_findings, save_findings
+from .miner import finding_for, mine, mine_series, rank
+from .plan import Costs, load_costs
+from .rules import DENSE, RULE_SKETCHES, RULES, unchecked_rules
+from .series import Series, collect, read_sketch_table
+from .show import print_findings, temporal_text
+from .signals import SIGNALS, hist_gaps, rel_dist, step_signals, temporal_signals
+
+__all__ = [
+    "DENSE",
+    "FORMAT",
+    "RULES",
+    "RULE_SKETCHES",
+    "SIGNALS",
+    "Costs",
+    "Finding",
+    "MineConfig",
+    "Series",
+    "Temporal",
+    "collect",
+    "config_with",
+    "describe",
+    "finding_for",
+    "findings_to_dict",
+    "hist_gaps",
+    "load_costs",
+    "load_findings",
+    "mine",
+    "mine_series",
+    "print_findings",
+    "rank",
+    "read_sketch_table",
+    "rel_dist",
+    "save_findings",
+    "step_signals",
+    "temporal_signals",
+    "temporal_text",
+    "unchecked_rules",
+]

@@ -1,0 +1,121 @@
+"""Scale-free signals of one batch of one (site, role), and what a series of steps says.
+
+Histogram shares are count / sum of counts, so the sampled histogram (~4096 elements) and the
+exact one read the same.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Mapping, Sequence
+
+import numpy as np
+
+from .config import MineConfig
+
+SIGNALS = ("density", "outlier", "histtop", "hist_gaps", "levels", "pos_cv", "adj", "kurtosis", "nonfinite")
+
+
+def _finite(v: np.ndarray | None) -> np.ndarray:
+    if v is None:
+        return np.zeros(0)
+    v = np.asarray(v, dtype=np.float64)
+    return v[np.isfinite(v)]
+
+
+def scalar(stats: Mapping[str, np.ndarray], name: str) -> float:
+    v = stats.get(name)
+    return float(v[0]) if v is not None and len(v) else math.nan
+
+
+def hist_gaps(hist: np.ndarray, mass: float = 0.01) -> float:
+    """Share of empty bins between the `mass` and `1 - mass` quantiles of the histogram.
+
+    Continuous data fills every bin of its bulk (gaps ~ 0); data with a few discrete levels
+    coarser than a bin leaves every other bin empty (gaps ~ 0.5). The tails are left out
+    because a sampled histogram of continuous data has empty bins there too.
+    """
+    h = _finite(hist)
+    total = h.sum() if h.size else 0.0
+    if total <= 0:
+        return math.nan
+    c = np.cumsum(h) / total
+    lo = int(np.searchsorted(c, mass, side="right"))
+    hi = int(np.searchsorted(c, 1.0 - mass, side="left"))
+    lo, hi = min(lo, len(h) - 1), min(max(hi, lo), len(h) - 1)
+    bulk = h[lo : hi + 1]
+    return float(np.count_nonzero(bulk == 0) / bulk.size)
+
+
+def step_signals(stats: Mapping[str, np.ndarray], numel: int | None, cfg: MineConfig | None = None) -> dict:
+    """The signals of one batch of one (site, role); NaN where the sketches needed are absent."""
+    cfg = cfg or MineConfig()
+    n = float(numel) if numel else math.nan
+    s: dict[str, float] = dict.fromkeys(SIGNALS, math.nan)
+    with np.errstate(all="ignore"):
+        s["density"] = scalar(stats, "nnz") / n
+        bad = [scalar(stats, k) for k in ("nan_count", "inf_count")]
+        if any(math.isfinite(b) for b in bad):
+            s["nonfinite"] = sum(b for b in bad if math.isfinite(b)) / n
+        cm = _finite(stats.get("chan_maxabs"))
+        s["outlier"] = (
+            float(cm.max() / cm.mean()) if cm.size and cm.mean() > 0 else scalar(stats, "chan_outlier")
+        )
+        h = _finite(stats.get("hist"))
+        if h.size and h.sum() > 0:
+            s["histtop"] = float(h.max() / h.sum())
+            s["hist_gaps"] = hist_gaps(h, cfg.gaps_mass)
+            s["levels"] = float(np.count_nonzero(h))
+        p = _finite(stats.get("pos_sumsq"))
+        if p.size > 1 and p.mean() != 0:
+            s["pos_cv"] = float(p.std() / abs(p.mean()))
+        a = _finite(stats.get("adj_sumsq"))
+        if a.size and p.size and p.mean() > 0:
+            s["adj"] = float(a.mean() / p.mean())
+        s["kurtosis"] = scalar(stats, "kurtosis")
+    return {k: (float(v) if math.isfinite(v) else math.nan) for k, v in s.items()}
+
+
+def rel_dist(a: np.ndarray, b: np.ndarray) -> float:
+    """||a - b|| / max(||a||, ||b||), 0 for two zero vectors; non-finite entries count as 0."""
+    a = np.nan_to_num(np.asarray(a, np.float64), nan=0.0, posinf=0.0, neginf=0.0)
+    b = np.nan_to_num(np.asarray(b, np.float64), nan=0.0, posinf=0.0, neginf=0.0)
+    if a.shape != b.shape:
+        return math.inf
+    scale = max(np.linalg.norm(a), np.linalg.norm(b))
+    return float(np.linalg.norm(a - b) / scale) if scale > 0 else 0.0
+
+
+def temporal_signals(l1: Sequence[float], elemsig: Sequence[np.ndarray], cfg: MineConfig) -> dict:
+    """l1 coefficient of variation, repeat share and drift of a series of steps."""
+    v = _finite(np.asarray(l1, np.float64))
+    l1_cv = math.nan
+    if v.size >= 2:
+        m, sd = abs(v.mean()), v.std()
+        l1_cv = float(sd / m) if m > 0 else (0.0 if sd == 0 else math.inf)
+    repeat = drift = drift_sigma = math.nan
+    sigs = [np.asarray(e) for e in elemsig]
+    if len(sigs) >= 2 and all(e.size for e in sigs):
+        repeats = sum(
+            any(rel_dist(sigs[t], sigs[u]) < cfg.repeat_dist for u in range(t)) for t in range(1, len(sigs))
+        )
+        repeat = repeats / len(sigs)
+        steps = np.array([rel_dist(sigs[t], sigs[t - 1]) for t in range(1, len(sigs))])
+        drift, drift_sigma = float(np.mean(steps)), float(np.std(steps))
+    return {"l1_cv": l1_cv, "repeat_share": repeat, "drift": drift, "drift_sigma": drift_sigma}
+
+
+def nanmean(vals: Sequence[float]) -> float:
+    v = np.asarray(vals, np.float64)
+    v = v[np.isfinite(v)]
+    return float(v.mean()) if v.size else math.nan
+
+
+def nanstd(vals: Sequence[float]) -> float:
+    v = np.asarray(vals, np.float64)
+    v = v[np.isfinite(v)]
+    return float(v.std()) if v.size > 1 else math.nan
+
+
+def finite_or_none(x: float | None) -> float | None:
+    return None if x is None or not math.isfinite(x) else float(x)

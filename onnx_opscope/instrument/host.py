@@ -1,0 +1,180 @@
+"""Sketches of constant tensors (weights), computed once on the host.
+
+`inject` gives a tap on an initializer or a `Constant` node's output no nodes and no graph
+outputs: a weight does not change between batches, and folding its tap in the graph cost
+onnxruntime ~300 MB at session creation on zoo.bert_like's 24 MatMul weights. `host_values`
+reads each such tensor from the model once (external data one tensor at a time, dropped after use), applies each sketch's
+numpy reference, and returns what `manifest.decode(..., host=...)` needs:
+
+    tap id -> ({sketch: values}, shape)
+
+The model may be the source model or the instrumented one (it keeps every initializer).
+Constant taps are found by their graph path (`TapRecord.graph`, the model index's paths) and
+tensor name, looking in that graph and then its enclosing ones; the nodes inject adds are all
+named, so the paths of the source and of the instrumented model are the same.
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+from pathlib import Path
+
+import numpy as np
+from onnx import ModelProto, TensorProto, helper, numpy_helper
+
+from .. import sketch as sk
+from ..errors import OpscopeError
+from ..graph.index import Constant, ModelIndex
+from ..graph.io import ModelLike, check_external_data, load_model
+from ..graph.proto import external_info, is_external
+from .decode import HostValues
+from .manifest import Manifest, TapRecord
+
+
+def host_values(
+    manifest: Manifest, model: ModelLike, base_dir: str | os.PathLike | None = None
+) -> HostValues:
+    """tap id -> ({sketch: values}, shape) for every constant tap of `manifest`, from `model`.
+
+    `model`: a path (external data is looked up beside it unless `base_dir` says otherwise)
+    or a ModelProto (then `base_dir` is the folder its external data lives in; required only
+    when a tapped weight is external). Each weight is loaded on its own and dropped after its
+    sketches are taken; shape-only taps read the dims without loading anything.
+    """
+    taps = [t for t in manifest.taps if t.constant]
+    if not taps:
+        return {}
+    if isinstance(model, ModelProto):
+        proto = model
+        if base_dir is not None:
+            check_external_data(proto, base_dir)
+    else:
+        proto = load_model(model, check_external=base_dir is None)
+        if base_dir is None:
+            base_dir = Path(model).parent
+        else:
+            check_external_data(proto, base_dir, name=str(model))
+    opts = manifest.sketch_options()
+    index = ModelIndex(proto)
+    out: HostValues = {}
+    for tap in taps:
+        src = _find(index, tap)
+        if not tap.sketches and isinstance(src, TensorProto):
+            out[tap.id] = ({}, [int(d) for d in src.dims])
+            continue
+        x = _array(src, tap, base_dir)
+        info = tap.info()
+        values = sk.references(tap.sketches, x, info, opts)
+        out[tap.id] = (values, [int(d) for d in x.shape])
+        del x
+    return out
+
+
+def _find(index: ModelIndex, tap: TapRecord) -> Constant:
+    """The constant a weight tap names: by graph path (its graph, then the ones around it), else by
+    name alone when exactly one graph defines it (paths that no longer resolve)."""
+    if tap.graph in index:
+        hit = index.constant(tap.graph, tap.tensor)
+        if hit is not None:
+            return hit
+    hits = index.find_constant(tap.tensor)
+    if len(hits) == 1:
+        return hits[0]
+    where = f"graph {tap.graph!r}" if tap.graph else "the main graph"
+    if hits:
+        raise OpscopeError(
+            f"weight {tap.tensor!r} (tap {tap.id}) is not in {where} or above it, and {len(hits)} "
+            "subgraphs define that name: cannot tell which one the manifest means",
+            hint="compute host values from the model the manifest was made from (or its instrumented copy)",
+        )
+    raise OpscopeError(
+        f"weight {tap.tensor!r} (tap {tap.id}, {where}) is not an initializer or Constant of this model",
+        hint="compute host values from the model the manifest was made from (or its instrumented copy)",
+    )
+
+
+# --------------------------------------------------------------------------------------------
+# loading one constant
+
+
+def _array(src: Constant, tap: TapRecord, base_dir: str | os.PathLike | None) -> np.ndarray:
+    if isinstance(src, TensorProto):
+        return _tensor_array(src, tap, base_dir)
+    attr = next((a for a in src.attribute), None)
+    if attr is None:
+        raise OpscopeError(f"Constant node {src.name!r} (tap {tap.id}) has no value")
+    if attr.name == "value":
+        return _tensor_array(attr.t, tap, base_dir)
+    if attr.name == "value_float":
+        return np.array(attr.f, np.float32)
+    if attr.name == "value_floats":
+        return np.array(attr.floats, np.float32)
+    if attr.name == "value_int":
+        return np.array(attr.i, np.int64)
+    if attr.name == "value_ints":
+        return np.array(attr.ints, np.int64)
+    if attr.name == "sparse_value":
+        sp = attr.sparse_tensor
+        values = _tensor_array(sp.values, tap, base_dir).ravel()
+        idx = _tensor_array(sp.indices, tap, base_dir).astype(np.int64)
+        dense = np.zeros(int(np.prod(sp.dims)), values.dtype)
+        flat = idx.ravel() if idx.ndim == 1 else np.ravel_multi_index(tuple(idx.T), tuple(sp.dims))
+        dense[flat] = values
+        return dense.reshape(tuple(sp.dims))
+    raise OpscopeError(f"Constant node {src.name!r} (tap {tap.id}): cannot sketch a {attr.name} value")
+
+
+def _tensor_array(t: TensorProto, tap: TapRecord, base_dir: str | os.PathLike | None) -> np.ndarray:
+    name = t.name or tap.tensor
+    try:
+        if not is_external(t):
+            return numpy_helper.to_array(t)
+        if base_dir is None:
+            raise OpscopeError(
+                f"weight {name!r} (tap {tap.id}) is stored in external data, and no base_dir says where",
+                hint="pass base_dir= (the folder of the model file the data belongs to)",
+            )
+        return _read_external(t, Path(base_dir))
+    except (OSError, ValueError, TypeError) as exc:
+        raise OpscopeError(f"cannot read weight {name!r} (tap {tap.id}): {exc}") from None
+
+
+# Element types stored less than a byte apart, or not as fixed-size elements at all.
+_PACKED = {
+    getattr(TensorProto, n)
+    for n in ("STRING", "INT4", "UINT4", "FLOAT4E2M1", "INT2", "UINT2")
+    if hasattr(TensorProto, n)
+}
+
+
+def _read_external(t: TensorProto, base_dir: Path) -> np.ndarray:
+    """One external tensor's array, read from its own bytes of the data file (checked by the caller).
+
+    Read here, not by onnx's loader: onnx refuses data files with several hard links, and
+    `save_model` hard-links the data file beside an instrumented model saved in another folder.
+    """
+    info = external_info(t)
+    path = base_dir / info["location"]
+    offset = int(info.get("offset", 0))
+    dims = tuple(int(d) for d in t.dims)
+    count = int(np.prod(dims)) if dims else 1
+    if t.data_type not in _PACKED and sys.byteorder == "little":
+        dtype = np.dtype(helper.tensor_dtype_to_np_dtype(t.data_type))
+        length = int(info.get("length", count * dtype.itemsize))
+        if length == count * dtype.itemsize:
+            arr = np.fromfile(path, dtype=dtype, count=count, offset=offset)
+            if arr.size != count:
+                raise ValueError(f"{info['location']} ends before the tensor's {count} elements")
+            return arr.reshape(dims)
+    # Anything else: the tensor's bytes, decoded by onnx as inline raw data.
+    with open(path, "rb") as f:
+        f.seek(offset)
+        data = f.read(int(info["length"])) if "length" in info else f.read()
+    inline = TensorProto()
+    inline.CopyFrom(t)
+    inline.ClearField("external_data")
+    inline.data_location = TensorProto.DEFAULT
+    inline.raw_data = data
+    del data
+    return numpy_helper.to_array(inline)

@@ -1,0 +1,229 @@
+"""Instrument a model: the pipeline plan -> build -> expose -> splice -> manifest.
+
+`inject` copies the model (the input is left untouched; external weights are referenced,
+never loaded), appends one tap subgraph per tapped tensor and exposes its raw outputs as
+extra graph outputs after the original ones, whose names and order do not change.
+
+1. `_prepare`: check and load the model, infer shapes once on a weightless copy
+   (`graph.io.without_weight_data`), index it, find and select the sites;
+2. `plan.plan_taps`: one tap per tensor with the union of its sites' sketches;
+3. `build`: each live tap's nodes (`sketch.build_tap`, through `templates`), shadow softmaxes
+   of fused attention ops (`shadow`), and where they go in their graph;
+4. `expose_all`: every raw output carried up to the model's outputs through If branches and
+   Loop / Scan bodies (`graph.expose`);
+5. `splice_all`: the nodes inserted, deepest graphs first (`graph.wire.splice`);
+6. the `Manifest`, which says what every extra output means.
+
+Expose comes before splice on purpose: splicing rebuilds a graph's node list from bytes,
+which makes every object taken from it stale, while exposing only appends; so every graph is
+edited through the one index built in step 1, with no re-walk.
+
+Placement: by default each tap's nodes go right after the node producing the tensor
+(`placement="producer"`), so onnxruntime can free the intermediate as early as it would
+without the tap; `placement="end"` appends them after every original node instead (what
+naive instrumentation does: it keeps intermediates alive to the end of the run).
+"""
+
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import NamedTuple
+
+from onnx import ModelProto, NodeProto
+
+from .. import sketch as sk
+from ..errors import OpscopeError
+from ..graph.build import Builder, Constants
+from ..graph.expose import expose
+from ..graph.index import ModelIndex, Names
+from ..graph.io import (
+    ModelLike,
+    file_sha256,
+    load_model,
+    model_sha256,
+    opset_version,
+    save_model,
+    without_weight_data,
+)
+from ..graph.opset import MIN_TAP_OPSET
+from ..graph.wire import Chunk, splice
+from ..shapes import ShapeTable, infer_shapes
+from ..sites import SHADOW_SUFFIX, Selection, Site, find_sites, select
+from .manifest import Manifest, TapRecord, manifest_path_for
+from .plan import plan_taps, tensor_type
+from .shadow import build_shadow
+from .templates import TapTemplates
+
+PLACEMENTS = ("producer", "end")
+
+Inserts = dict[str, dict[int, list[NodeProto | Chunk]]]  # graph path -> position -> nodes after it
+
+
+class Instrumented(NamedTuple):
+    """What `inject` returns: the new model and what every extra output of it means."""
+
+    model: ModelProto
+    manifest: Manifest
+
+
+@dataclass
+class _Target:
+    """The model being instrumented and what every step reads of it."""
+
+    model: ModelProto
+    index: ModelIndex
+    table: ShapeTable
+    names: Names
+    opset: int
+    constants: Constants | None
+    sites: list[Site] = field(default_factory=list)
+
+
+def inject(
+    model: ModelLike,
+    sites: list[Site] | Selection | None = None,
+    sketches: list[str] | None = None,
+    options: sk.SketchOptions | None = None,
+    placement: str = "producer",
+) -> Instrumented:
+    """Instrument `model`: returns (a new instrumented ModelProto, its Manifest); the input is not changed.
+
+    `sites`: a list from `find_sites`/`select`, a `Selection`, or None for every site.
+    `sketches`: names from the registry (None: the default set). External weights stay where
+    they are: save the result with `save_model(..., base_dir=<source folder>)`.
+    """
+    options = options or sk.SketchOptions()
+    if placement not in PLACEMENTS:
+        raise OpscopeError(f"placement must be one of {PLACEMENTS}, not {placement!r}")
+    names = sk.resolve(sketches)
+    target = _prepare(model, sites)
+    n_original = len(target.model.graph.output)
+    site_records, taps = plan_taps(target.sites, names, target.table, target.index)
+    inserts = build(target, taps, options, placement)
+    expose_all(target, taps, options)
+    splice_all(target.index, inserts)
+    if target.constants is not None:
+        target.model.graph.initializer.extend(target.constants.tensors)
+    manifest = Manifest(
+        str(model) if not isinstance(model, ModelProto) else "<in-memory>",
+        file_sha256(model) if not isinstance(model, ModelProto) else model_sha256(model),
+        target.opset,
+        [o.name for o in target.model.graph.output[:n_original]],
+        names,
+        options.to_dict(),
+        placement,
+        site_records,
+        taps,
+    )
+    return Instrumented(target.model, manifest)
+
+
+def _prepare(model: ModelLike, sites: list[Site] | Selection | None) -> _Target:
+    """Load and check `model`, copy it when it is the caller's, infer its shapes and pick its sites."""
+    source = load_model(model)
+    opset = opset_version(source)
+    if opset < MIN_TAP_OPSET:
+        raise OpscopeError(
+            f"model uses opset {opset}; tapping needs opset {MIN_TAP_OPSET} or newer",
+            hint="convert it with onnx.version_converter.convert_version(model, 13)",
+        )
+    if isinstance(model, ModelProto):  # the caller's model is not changed
+        m = ModelProto()
+        m.CopyFrom(source)
+    else:  # loaded here for this call alone: no second copy of the weights
+        m = source
+    light = without_weight_data(m)  # shape inference and site finding need no weight values
+    table = infer_shapes(light)
+    index = ModelIndex(m)
+    if sites is None or isinstance(sites, Selection):
+        found = find_sites(light, table)
+        if not found:
+            raise OpscopeError(
+                "the model has no tappable site (MatMul, Gemm, Conv, ConvTranspose, LSTM, GRU, RNN, MatMulInteger, "
+                "QLinearMatMul, Softmax, fused attention, TopK router, residual Add), subgraphs included"
+            )
+        numel = {
+            t.tensor: ti.numel for s in found for t in s.taps if (ti := table.type_of(t.tensor)) and ti.numel
+        }
+        sites = select(found, sites or Selection(), numel)
+    names = index.names()
+    # IR 3 wants every initializer listed as a graph input too: keep Constant nodes there.
+    constants = Constants(names) if m.ir_version >= 4 else None
+    return _Target(m, index, table, names, opset, constants, list(sites))
+
+
+def build(target: _Target, taps: list[TapRecord], options: sk.SketchOptions, placement: str) -> Inserts:
+    """Build the nodes of every live tap (and of the shadow softmaxes they read); returns where they go.
+
+    Fills each TapRecord's `outputs` (raw -> tensor name inside its graph).
+    """
+    inserts: Inserts = {}
+    shadow_at: dict[tuple[str, str], int] = {}
+    for tap in taps:
+        if tap.tensor.endswith(SHADOW_SUFFIX) and (tap.graph, tap.tensor) not in shadow_at:
+            b = Builder(target.opset, target.names, f"opscope_s{len(shadow_at)}_", target.constants)
+
+            def type_of(name: str) -> tuple[int, int | None]:
+                ti = tensor_type(target.table, name)
+                return (ti.elem_type, ti.rank) if ti else (0, None)
+
+            pos = build_shadow(b, target.index[tap.graph], tap.tensor, type_of)
+            inserts.setdefault(tap.graph, {}).setdefault(pos, []).extend(b.nodes)
+            shadow_at[(tap.graph, tap.tensor)] = pos
+    templates = TapTemplates(target.opset, options, target.names, target.constants)
+    for k, tap in enumerate(taps):
+        if tap.constant:  # a weight's sketches are computed on the host (host.host_values)
+            continue
+        nodes, tap.outputs = templates.build(f"opscope_t{k}_", tap.tensor, tap.info(), tap.sketches)
+        entry = target.index[tap.graph]
+        if placement == "end":
+            pos = len(entry.graph.node) - 1
+        else:
+            pos = shadow_at.get((tap.graph, tap.tensor))
+            if pos is None:
+                pos = entry.producer_index(tap.tensor)
+            pos = -1 if pos is None else pos  # a graph input or an outer tensor: first
+        inserts.setdefault(tap.graph, {}).setdefault(pos, []).extend(nodes)
+    return inserts
+
+
+def expose_all(target: _Target, taps: list[TapRecord], options: sk.SketchOptions) -> None:
+    """Make every raw output of every tap a model output; fills `outputs` with the model-level names
+    and `stacked` with the Loop / Scan levels each tap's outputs gained."""
+    for tap in taps:
+        chosen = [sk.REGISTRY[n] for n in tap.sketches]
+        for raw, name in list(tap.outputs.items()):
+            tap.outputs[raw], tap.stacked = expose(
+                target.index,
+                tap.graph,
+                name,
+                sk.raw_dtype(raw, options),
+                sk.raw_rank(raw, chosen),
+                target.names,
+            )
+
+
+def splice_all(index: ModelIndex, inserts: Inserts) -> None:
+    """Insert the built nodes, deepest graphs first: splicing a graph re-encodes the subgraphs inside it,
+    so what is inside must be spliced before it."""
+    for path in sorted(inserts, key=lambda p: -p.count("/")):
+        splice(index[path].graph, inserts[path])
+
+
+def inject_file(
+    src: str | os.PathLike,
+    out: str | os.PathLike,
+    *,
+    sites: list[Site] | Selection | None = None,
+    sketches: list[str] | None = None,
+    options: sk.SketchOptions | None = None,
+    placement: str = "producer",
+    copy_external: bool = False,
+) -> tuple[Path, Path, Manifest]:
+    """Inject into the model at `src` and write `out` plus `<out stem>.manifest.json` beside it."""
+    instrumented, manifest = inject(src, sites, sketches, options, placement)
+    path = save_model(instrumented, out, base_dir=Path(src).parent, copy_external=copy_external)
+    mpath = manifest.save(manifest_path_for(path))
+    return path, mpath, manifest

@@ -1,0 +1,139 @@
+"""The manifest: what each extra output of an instrumented model means, and how to decode it.
+
+Saved as JSON beside the instrumented model. Outputs are *raw* per tapped tensor (one tensor
+feeding three sites is reduced once), so the manifest has three parts:
+
+- `sites`: id, op type, node, subgraph, execution order, and for each role the tap it uses;
+- `taps`: one per tapped tensor: tensor name, subgraph, rank, channel/seq axes, static numel
+  (null when symbolic), whether it is a weight (`constant`: no outputs, computed on the host),
+  how many Loop/Scan levels stack its outputs, and raw -> output name;
+- `outputs`: the flat view DESIGN.md asks for, one entry per appended output (output, tap,
+  tensor, raw stat, the (site, role) pairs it serves, static length where known).
+
+`decode.decode` turns a run's outputs into tidy rows through it. Taps on weights
+(`constant`) have no outputs: their values come from `host.host_values`, computed once on
+the host and passed to `decode(..., host=...)`.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+
+from ..errors import OpscopeError
+from ..sketch import SketchOptions, TapInfo
+
+FORMAT = "onnx-opscope/manifest"
+VERSION = 1
+
+
+@dataclass
+class TapRecord:
+    id: str
+    tensor: str
+    graph: str
+    rank: int | None
+    elem_type: int
+    channel_axis: int
+    seq_axis: int
+    numel: int | None
+    constant: bool
+    stacked: int  # Loop/Scan levels between the tap and the main graph: outputs gain that many axes
+    sketches: list[str]
+    outputs: dict[str, str]  # raw name -> graph output name
+    bins: int | None = None  # route taps: the number of experts E, when static
+
+    def info(self) -> TapInfo:
+        return TapInfo(self.rank, self.elem_type, self.channel_axis, self.seq_axis, self.bins)
+
+
+@dataclass
+class SiteRecord:
+    id: str
+    op_type: str
+    node: str
+    graph: str
+    order: int
+    roles: dict[str, str]  # role -> tap id (sketched)
+    shape_roles: dict[str, str] = field(default_factory=dict)  # role -> tap id (shape only)
+    attrs: dict = field(default_factory=dict)
+    kind: str = "gemm"  # gemm, attn, route or residual
+
+
+@dataclass
+class Manifest:
+    source: str
+    source_sha256: str
+    opset: int
+    original_outputs: list[str]
+    sketches: list[str]
+    options: dict
+    placement: str
+    sites: list[SiteRecord]
+    taps: list[TapRecord]
+    format: str = FORMAT
+    version: int = VERSION
+
+    def sketch_options(self) -> SketchOptions:
+        return SketchOptions.from_dict(self.options)
+
+    def output_names(self) -> list[str]:
+        return [name for t in self.taps for name in t.outputs.values()]
+
+    def outputs(self) -> list[dict]:
+        """One entry per appended output, as DESIGN.md's manifest lists them."""
+        uses: dict[str, list[list[str]]] = {}
+        for s in self.sites:
+            for role, tap in s.roles.items():
+                uses.setdefault(tap, []).append([s.id, s.op_type, role])
+        entries = []
+        for t in self.taps:
+            for raw, name in t.outputs.items():
+                entries.append(
+                    {
+                        "output": name,
+                        "tap": t.id,
+                        "tensor": t.tensor,
+                        "stat": raw,
+                        "uses": uses.get(t.id, []),
+                        "graph": t.graph,
+                        "stacked": t.stacked,
+                        "numel": t.numel,
+                    }
+                )
+        return entries
+
+    def to_json(self) -> str:
+        d = asdict(self)
+        d["outputs"] = self.outputs()
+        return json.dumps(d, indent=1)
+
+    def save(self, path: str | os.PathLike) -> Path:
+        p = Path(path)
+        p.write_text(self.to_json())
+        return p
+
+
+def load_manifest(path: str | os.PathLike) -> Manifest:
+    p = Path(path)
+    try:
+        d = json.loads(p.read_text())
+    except FileNotFoundError:
+        raise OpscopeError(f"{p}: no such manifest file") from None
+    except json.JSONDecodeError as exc:
+        raise OpscopeError(f"{p}: not a manifest (bad JSON: {exc.msg})") from None
+    if d.get("format") != FORMAT:
+        raise OpscopeError(f"{p}: not an onnx-opscope manifest")
+    if d.get("version") != VERSION:
+        raise OpscopeError(f"{p}: manifest version {d.get('version')} is not {VERSION}")
+    d.pop("outputs", None)
+    d["sites"] = [SiteRecord(**s) for s in d["sites"]]
+    d["taps"] = [TapRecord(**t) for t in d["taps"]]
+    return Manifest(**d)
+
+
+def manifest_path_for(model_path: str | os.PathLike) -> Path:
+    p = Path(model_path)
+    return p.with_name(p.stem + ".manifest.json")

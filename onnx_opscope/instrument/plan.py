@@ -1,0 +1,88 @@
+"""The tap plan: from sites and sketch names to one tap per tensor, before any node is built.
+
+A tensor feeding several sites (Q, K and V projections) is tapped once, with the union of
+the sketches its sites need: a gemm site gets the user's sketches, an attn / route /
+residual site its kind's own (`sites.KIND_SKETCHES`) unless the user named some of them.
+A role left out by the selection keeps a shape-only tap, so the site's M, K, N are still
+known. A tap on a weight (an initializer or a Constant output, outer scopes included) is a
+`constant` tap: it gets no nodes, its sketches are taken on the host (`host.host_values`).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+from onnx import TensorProto
+
+from .. import sketch as sk
+from ..graph.index import ModelIndex
+from ..shapes import ShapeTable, TensorType
+from ..sites import KIND_SKETCHES, SHADOW_SUFFIX, Site
+from .manifest import SiteRecord, TapRecord
+
+SHADOW_TYPE = TensorType(TensorProto.FLOAT, 4, None)  # a shadow softmax: [B, heads, S, T] float32
+
+
+def sketches_for_kind(kind: str, names: Sequence[str]) -> list[str]:
+    """The sketches a site of `kind` gets from the chosen `names` (see the module doc)."""
+    if kind == "gemm":
+        return [n for n in names if not sk.REGISTRY[n].kinds]
+    own = [n for n in names if kind in sk.REGISTRY[n].kinds]
+    return own or [n for n in sk.REGISTRY if n in KIND_SKETCHES.get(kind, ())]
+
+
+def tensor_type(table: ShapeTable, tensor: str) -> TensorType | None:
+    return SHADOW_TYPE if tensor.endswith(SHADOW_SUFFIX) else table.type_of(tensor)
+
+
+def plan_taps(
+    sites: Sequence[Site], names: Sequence[str], table: ShapeTable, index: ModelIndex
+) -> tuple[list[SiteRecord], list[TapRecord]]:
+    """(one record per site with its roles' tap ids, one record per tapped tensor without outputs yet)."""
+    wanted: dict[tuple, set[str]] = {}
+    for site in sites:
+        for tap in site.taps:
+            key = (site.graph, tap.tensor, tap.channel_axis, tap.seq_axis, False)
+            wanted.setdefault(key, set()).update(sketches_for_kind(site.kind, names))
+    taps: dict[tuple, TapRecord] = {}
+    records = []
+    for site in sites:
+        roles: dict[str, str] = {}
+        shape_roles: dict[str, str] = {}
+        for tap, only_shape in [(t, False) for t in site.taps] + [(t, True) for t in site.shape_only]:
+            key = (site.graph, tap.tensor, tap.channel_axis, tap.seq_axis, only_shape)
+            if key not in taps:
+                ti = tensor_type(table, tap.tensor)
+                elem = ti.elem_type if ti and ti.elem_type else TensorProto.UNDEFINED
+                info = sk.TapInfo(ti.rank if ti else None, elem, tap.channel_axis, tap.seq_axis, tap.bins)
+                own = [n for n in sk.REGISTRY if n in wanted.get(key, ())]
+                taps[key] = TapRecord(
+                    id=f"t{len(taps)}",
+                    tensor=tap.tensor,
+                    graph=site.graph,
+                    rank=info.rank,
+                    elem_type=elem,
+                    channel_axis=tap.channel_axis,
+                    seq_axis=tap.seq_axis,
+                    numel=ti.numel if ti else None,
+                    constant=index.is_constant(site.graph, tap.tensor),
+                    stacked=0,
+                    sketches=[] if only_shape else sk.applicable(own, info),
+                    outputs={},
+                    bins=tap.bins,
+                )
+            (shape_roles if only_shape else roles)[tap.role] = taps[key].id
+        records.append(
+            SiteRecord(
+                site.id,
+                site.op_type,
+                site.node,
+                site.graph,
+                site.order,
+                roles,
+                shape_roles,
+                dict(site.attrs),
+                site.kind,
+            )
+        )
+    return records, list(taps.values())

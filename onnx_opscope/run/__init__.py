@@ -1,0 +1,37 @@
+"""Running models: feeds, sessions and providers, the recorder and its table, parity runs.
+
+- `feeds`: seeded synthetic distributions or real data files, checked against the model;
+- `session`: execution providers by short name, session options, one-line failures;
+- `recorder`: `record` (inject, run every batch, decode, append to the table, parity gate);
+- `table`: the tidy sketch table, written batch by batch, and `read_table`;
+- `parity`: a model against its rewrite or against itself on another provider.
+"""
+
+from .feeds import DISTRIBUTIONS, FeedSpec, input_signature, iter_feeds, load_data, synthetic_feeds
+from .parity import parity, parity_models, parity_providers, validate_skips
+from .recorder import RecordResult, record
+from .session import RuntimeConfig, make_session, resolve_providers
+from .session import run as run_session
+from .table import SCHEMA, read_table, sidecar_paths
+
+__all__ = [
+    "DISTRIBUTIONS",
+    "SCHEMA",
+    "FeedSpec",
+    "RecordResult",
+    "RuntimeConfig",
+    "input_signature",
+    "iter_feeds",
+    "load_data",
+    "make_session",
+    "parity",
+    "parity_models",
+    "parity_providers",
+    "read_table",
+    "record",
+    "resolve_providers",
+    "run_session",
+    "sidecar_paths",
+    "synthetic_feeds",
+    "validate_skips",
+]

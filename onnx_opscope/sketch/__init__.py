@@ -1,0 +1,169 @@
+"""Sketches: what is measured on a tapped tensor, in the graph, and how to check it in numpy.
+
+One module per family: `moments` (min, max, mean, sumsq, l1, nnz, nan_count, inf_count,
+kurtosis), `histogram` (hist, elemsig), `channels` (chan_maxabs, chan_outlier), `rows`
+(pos_sumsq, adj_sumsq), `attention` (attn_qmax, attn_krecv), `routing` (route_load). Each
+sketch is one `Sketch` value holding its graph builder, host finalize, numpy reference,
+merge rule, tolerance and cost. The pieces several sketches share (the cast, the finite
+check and masks, min and max, the scale, the sample) come from the tap context
+(`context.TapContext`), built once per tensor; `tap.build_tap` lays out the subgraph.
+
+Adding a sketch: write its `Sketch` in the module of its family (a builder that asks the
+context for what it shares and returns its raw outputs by name, a finalize over those raws,
+a reference from the definition, a merge from `merge`, a tolerance), add it to `REGISTRY`
+below, and give it a test against its reference on real tensors (tests/test_sketches.py
+does that for every registered sketch). Opt-in sketches stay out of DEFAULT_SKETCHES.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+import numpy as np
+
+from ..errors import OpscopeError, did_you_mean, listing
+from .attention import ATTN_KRECV, ATTN_QMAX
+from .base import FINITE, OUTER, OnFinite, Raw, Sketch, Tolerance, finite_values
+from .channels import CHAN_MAXABS, CHAN_OUTLIER
+from .histogram import ELEMSIG, HIST, sample_positions
+from .merge import Derived, Merge
+from .moments import INF_COUNT, KURTOSIS, L1, MAX, MEAN, MIN, NAN_COUNT, NNZ, SUMSQ
+from .options import HIST_MODES, SketchOptions, TapInfo, for_providers
+from .routing import ROUTE_LOAD
+from .rows import ADJ_SUMSQ, POS_SUMSQ
+from .tap import build_tap, raw_dtype, raw_rank
+
+REGISTRY: dict[str, Sketch] = {
+    s.name: s
+    for s in (
+        MIN,
+        MAX,
+        MEAN,
+        L1,
+        SUMSQ,
+        NNZ,
+        NAN_COUNT,
+        INF_COUNT,
+        KURTOSIS,
+        HIST,
+        ELEMSIG,
+        CHAN_MAXABS,
+        CHAN_OUTLIER,
+        POS_SUMSQ,
+        ADJ_SUMSQ,
+        ATTN_QMAX,
+        ATTN_KRECV,
+        ROUTE_LOAD,
+    )
+}
+
+ALL_SKETCHES: tuple[str, ...] = tuple(n for n, s in REGISTRY.items() if not s.kinds)
+# Always on: whole-tensor reductions and small gathers only, what fits the <= 1.5x-plain goal on
+# CPU (bert_like, every MatMul, 1 thread; BENCHMARKS.md). The rest are opt-in by name or with
+# "all": l1 is one more pass (+0.05x plain there), the others need a full elementwise pass
+# first (x*x per row, |x|, a bool cast, (x-mean)^2) and cost +0.15 to +0.5x each.
+DEFAULT_SKETCHES: tuple[str, ...] = (
+    "min",
+    "max",
+    "mean",
+    "sumsq",
+    "nan_count",
+    "inf_count",
+    "hist",
+    "elemsig",
+)
+SKETCH_SETS = {"default": DEFAULT_SKETCHES, "all": ALL_SKETCHES}
+
+
+def resolve(names: Sequence[str] | None) -> list[str]:
+    """Validate sketch names (None: the default set; "default" and "all" name sets), in registry order."""
+    if not names:
+        return list(DEFAULT_SKETCHES)
+    known = {**REGISTRY, **SKETCH_SETS}
+    for n in names:
+        if n not in known:
+            raise OpscopeError(f"unknown sketch {n!r}{did_you_mean(n, known)}; known: {listing(known)}")
+    chosen = {m for n in names for m in SKETCH_SETS.get(n, (n,))}
+    return [n for n in REGISTRY if n in chosen]
+
+
+def applicable(names: Sequence[str], info: TapInfo) -> list[str]:
+    """`names` without the per-channel / per-row sketches when the tensor's rank is unknown or 0."""
+    return [n for n in names if not (REGISTRY[n].needs_rank and info.axes() is None)]
+
+
+def finalize(name: str, raw: Raw, o: SketchOptions) -> np.ndarray:
+    return np.asarray(REGISTRY[name].finalize(raw, o), dtype=np.float64).ravel()
+
+
+def reference(name: str, x: np.ndarray, info: TapInfo, o: SketchOptions) -> np.ndarray:
+    return np.asarray(REGISTRY[name].reference(x, info, o), dtype=np.float64).ravel()
+
+
+def references(names: Sequence[str], x: np.ndarray, info: TapInfo, o: SketchOptions) -> dict[str, np.ndarray]:
+    """`reference` of each of `names` on x, the scalar ones sharing one float64 view of the finite
+    values: each alone converts and masks the whole tensor twice, which made the default set ~1 s
+    on one 4096 x 4096 weight."""
+    finite = None
+    out = {}
+    for name in names:
+        ref = REGISTRY[name].reference
+        if isinstance(ref, OnFinite):
+            finite = finite_values(x) if finite is None else finite
+            out[name] = np.asarray(ref.of(finite), dtype=np.float64).ravel()
+        else:
+            out[name] = reference(name, x, info, o)
+    return out
+
+
+def with_sources(names: Sequence[str]) -> list[str]:
+    """`names` plus the sources of its derived sketches (what merging them needs), in registry order."""
+    need = set(names) | {r.source for n in names if isinstance(r := REGISTRY[n].merge, Derived)}
+    return [n for n in REGISTRY if n in need]
+
+
+def merge_parts(
+    names: Sequence[str], parts: Sequence[dict[str, np.ndarray]], numels: Sequence[int]
+) -> dict[str, np.ndarray]:
+    """Each sketch of `names` merged over `parts` (Loop iterations, say) with its own rule. A derived
+    sketch is recomputed from its source's merged values, so `names` must hold the sources too
+    (`with_sources`)."""
+    merged = {}
+    for name in names:
+        rule = REGISTRY[name].merge
+        if isinstance(rule, Merge):
+            merged[name] = rule([p[name] for p in parts], numels)
+    for name in names:
+        rule = REGISTRY[name].merge
+        if isinstance(rule, Derived):
+            merged[name] = rule.of(merged[rule.source])
+    return merged
+
+
+__all__ = [
+    "ALL_SKETCHES",
+    "DEFAULT_SKETCHES",
+    "FINITE",
+    "HIST_MODES",
+    "OUTER",
+    "REGISTRY",
+    "SKETCH_SETS",
+    "Derived",
+    "Merge",
+    "Sketch",
+    "SketchOptions",
+    "TapInfo",
+    "Tolerance",
+    "applicable",
+    "build_tap",
+    "finalize",
+    "for_providers",
+    "merge_parts",
+    "raw_dtype",
+    "raw_rank",
+    "reference",
+    "references",
+    "resolve",
+    "sample_positions",
+    "with_sources",
+]

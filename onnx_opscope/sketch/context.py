@@ -1,0 +1,309 @@
+"""The tap context: the pieces that several sketches of one tensor share, each built once, on first use.
+
+One tapped tensor gets one small subgraph whose raw outputs serve every sketch asked for.
+Its layout, for a tensor x cast to float32:
+
+    shape, samples                       outer: a cheap gather, no full pass
+    s2 = ReduceSumSquare(x)              one pass: the sumsq sketch, and the NaN/Inf check
+    If isnan(s2 - s2):  slow branch      mask non-finite values, count them
+    else:               fast branch      the same statistics with no masking at all
+
+Sketch builders never build these pieces themselves: they ask the context (`c.min`,
+`c.scale`, `c.y`, `c.outer.samples`, ...), and a piece two sketches ask for is built once.
+An OUTER context is the graph around the If; a branch context (`slow` True or False) is
+one branch, and reaches the outer pieces through `c.outer`.
+
+Why the check is Σx²: a finite sum of squares means no NaN, no Inf and no square that
+overflows, so the fast branch sums x itself (`ynorm` = 1) with no masking and no scaling
+pass. The slow branch takes its sums on y = x / (max|x| + 1e-12) with non-finite values
+zeroed (`ynorm` = that scale), so |y| <= 1 and nothing overflows in float32, not even BERT's
+-3.4e38 mask values; the host multiplies `ynorm` back in float64. When a sketch reads the
+per-row Σx² (`Sketch.uses_rows`), the check is taken per row first (Mul + ReduceSum per row:
+ReduceSumSquare over an axis is 5x slower) and the fast branch reuses the rows.
+
+Measured on CPU (onnxruntime, a [512, 256] float tensor): a whole-tensor reduction costs
+about 10 us, one that keeps the channel axis about 50 us and Sign about 90 us, so min/max
+are whole-tensor reductions, only chan_maxabs keeps the channel axis, and nnz counts
+through a bool cast instead of Sign.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+
+import numpy as np
+from onnx import TensorProto
+
+from ..graph.build import Builder
+from .options import SketchOptions, TapInfo
+
+F = TensorProto.FLOAT
+EPS_SCALE = np.float32(1e-12)  # y = x / (max|x| + 1e-12), as the histogram definition asks
+SAMPLE_BLOCK = 16  # the sampled histogram reads blocks of 16 contiguous elements (one cache line)
+GOLDEN = (np.sqrt(5.0) - 1) / 2  # block j of the sample is at frac(j * GOLDEN) of the tensor
+
+
+class TapContext:
+    """Shared pieces of one tensor's tap at one level (outer, or one If branch). State is real: the memo."""
+
+    def __init__(
+        self,
+        b: Builder,
+        x: str,
+        info: TapInfo,
+        options: SketchOptions,
+        outer: TapContext | None = None,
+        slow: bool | None = None,
+    ):
+        self.b, self.x, self.info, self.options = b, x, info, options
+        self._outer, self.slow = outer, slow
+        self._memo: dict[str, str] = {}
+
+    @classmethod
+    def for_tensor(cls, b: Builder, tensor: str, info: TapInfo, options: SketchOptions) -> TapContext:
+        """The outer context of `tensor`, whose `x` is the tensor as float32."""
+        return cls(b, _as_float(b, tensor, info.elem_type), info, options)
+
+    def memo(self, key: str, make: Callable[[], str]) -> str:
+        """`make()` the first time `key` is asked for at this level, the same tensor afterwards."""
+        if key not in self._memo:
+            self._memo[key] = make()
+        return self._memo[key]
+
+    @property
+    def outer(self) -> TapContext:
+        return self._outer if self._outer is not None else self
+
+    @property
+    def in_branch(self) -> bool:
+        return self.slow is not None
+
+    def axes(self) -> tuple[int, int | None] | None:
+        return self.info.axes()
+
+    # --- outer pieces: the tensor as it is, before the finite split ----------------------------
+
+    @property
+    def shape(self) -> str:
+        """[1, *shape] as int64: a leading 1 keeps a scalar's shape non-empty (empty means "did not run")."""
+        o = self.outer
+        return o.memo(
+            "shape", lambda: o.b.op("Concat", [o.b.i64([1]), o.b.op("Shape", [o.x])], "shape", axis=0)
+        )
+
+    @property
+    def flat(self) -> str:
+        o = self.outer
+        return o.memo("flat", lambda: o.b.flat(o.x))
+
+    @property
+    def size(self) -> str:
+        o = self.outer
+        return o.memo("size", lambda: o.b.op("Size", [o.x], "numel"))
+
+    @property
+    def samples(self) -> str:
+        """The elements at `sample_positions`: blocks of the flat tensor, gathered (contiguous)."""
+        o = self.outer
+        return o.memo("samples", lambda: _block_samples(o.b, o.flat, o.size, o.options))
+
+    @property
+    def tensor(self) -> str:
+        """The whole tensor, flat (the host histogram mode copies it out)."""
+        o = self.outer
+        return o.memo("tensor", lambda: o.b.op("Identity", [o.flat], "tensor"))
+
+    # --- the finite split (outer level) --------------------------------------------------------
+
+    def split(self, uses_rows: bool) -> Split:
+        """The If's condition and what both branches share: the row view, Σx² and, with `uses_rows`, Σx² per row."""
+        b, x, info = self.b, self.x, self.info
+        if info.as_rows:
+            last = b.op("Slice", [b.op("Shape", [x]), b.i64([-1]), b.i64([np.iinfo(np.int64).max])])
+            x = b.op("Reshape", [x, b.op("Concat", [b.i64([-1]), last], axis=0)], "rows")
+            info = TapInfo(2, F, 1, 0)
+        axes = info.axes()
+        rows = None
+        if uses_rows and axes is not None:
+            rows = b.flat(b.reduce("ReduceSum", b.op("Mul", [x, x]), [axes[0]]))
+            check = b.reduce("ReduceSum", rows, hint="sumsq")
+        else:
+            check = b.reduce("ReduceSumSquare", x, hint="sumsq")
+        bad = b.op("IsNaN", [b.op("Sub", [check, check])], "has_nonfinite")
+        return Split(self, x, info, check, rows, bad)
+
+    # --- finite pieces (inside a branch) -------------------------------------------------------
+
+    def _branch(self, what: str) -> None:
+        if not self.in_branch:
+            raise RuntimeError(
+                f"{what} is built inside the finite/non-finite split: give the sketch stage FINITE"
+            )
+
+    @property
+    def bad(self) -> str | None:
+        """Mask of the non-finite elements (slow branch); None where there are none (fast branch)."""
+        self._branch("bad")
+        if not self.slow:
+            return None
+        return self.memo("bad", lambda: self.b.op("IsNaN", [self.b.op("Sub", [self.x, self.x])], "nonfinite"))
+
+    @property
+    def xs(self) -> str:
+        """x with non-finite elements zeroed."""
+        self._branch("xs")
+        if not self.slow:
+            return self.x
+        return self.memo("xs", lambda: self.b.op("Where", [self.bad, self.b.const(0.0), self.x], "finite_x"))
+
+    @property
+    def nan(self) -> str:
+        self._branch("nan")
+        if not self.slow:
+            return self.memo("nan", lambda: self.b.const(0.0))
+        return self.memo(
+            "nan", lambda: self.b.reduce("ReduceSum", self.b.cast(self.b.op("IsNaN", [self.x]), F))
+        )
+
+    @property
+    def inf(self) -> str:
+        self._branch("inf")
+        if not self.slow:  # its own tensor: one name cannot be two outputs of a branch
+            return self.memo("inf", lambda: self.b.op("Identity", [self.nan]))
+        return self.memo(
+            "inf", lambda: self.b.reduce("ReduceSum", self.b.cast(self.b.op("IsInf", [self.x]), F))
+        )
+
+    @property
+    def min(self) -> str:
+        self._branch("min")
+        b = self.b
+        lo = (lambda: b.op("Where", [self.bad, b.const(np.inf), self.x])) if self.slow else (lambda: self.x)
+        return self.memo("min", lambda: b.reduce("ReduceMin", lo(), hint="min"))
+
+    @property
+    def max(self) -> str:
+        self._branch("max")
+        b = self.b
+        hi = (lambda: b.op("Where", [self.bad, b.const(-np.inf), self.x])) if self.slow else (lambda: self.x)
+        return self.memo("max", lambda: b.reduce("ReduceMax", hi(), hint="max"))
+
+    @property
+    def scale(self) -> str:
+        """max(|min|, |max|) + 1e-12 over the finite values (0 + 1e-12 when there is none), as the host rebuilds it."""
+
+        def make() -> str:
+            b = self.b
+            absmax = b.op("Max", [b.op("Abs", [self.min]), b.op("Abs", [self.max])])
+            absmax = b.op("Where", [b.op("IsInf", [absmax]), b.const(0.0), absmax])
+            return b.op("Add", [absmax, b.const(EPS_SCALE)], "scale")
+
+        self._branch("scale")
+        return self.memo("scale", make)
+
+    @property
+    def y(self) -> str:
+        """The values sums are taken on: x in the fast branch, x / scale (non-finite zeroed) in the slow one."""
+        self._branch("y")
+        if not self.slow:
+            return self.x
+        return self.memo("y", lambda: self.b.op("Div", [self.xs, self.scale], "y"))
+
+    @property
+    def y_unit(self) -> str:
+        """x / scale in both branches: values in [-1, 1] (the histogram's unit)."""
+        self._branch("y_unit")
+        if self.slow:
+            return self.y
+        return self.memo("y_unit", lambda: self.b.op("Div", [self.x, self.scale], "y"))
+
+    @property
+    def ynorm(self) -> str:
+        """What the sums were divided by (raw "ynorm"): the scale in the slow branch, 1 in the fast one."""
+        self._branch("ynorm")
+        return self.scale if self.slow else self.memo("one", lambda: self.b.const(1.0))
+
+    @property
+    def ysum(self) -> str:
+        self._branch("ysum")
+        return self.memo("ysum", lambda: self.b.reduce("ReduceSum", self.y, hint="ysum"))
+
+    @property
+    def n_finite(self) -> str:
+        """The number of finite elements, float32."""
+
+        def make() -> str:
+            b = self.b
+            n = b.cast(b.op("Size", [self.x]), F)
+            return b.op("Sub", [n, b.op("Add", [self.nan, self.inf])]) if self.slow else n
+
+        self._branch("n_finite")
+        return self.memo("n_finite", make)
+
+    @property
+    def row_energy(self) -> str | None:
+        """Σy² per row (over the channel axis), flat; None when the rank is unknown."""
+        self._branch("row_energy")
+        axes = self.axes()
+        if axes is None:
+            return None
+        if not self.slow and self._split.rows is not None:
+            return self._split.rows
+        return self.memo(
+            "row_energy", lambda: self.b.flat(self.b.reduce("ReduceSumSquare", self.y, [axes[0]]))
+        )
+
+    @property
+    def yss(self) -> str:
+        """Σy² over the whole tensor: the check itself in the fast branch."""
+        self._branch("yss")
+        if not self.slow:
+            return self._split.check
+
+        def make() -> str:
+            if self._split.rows is not None and self.row_energy is not None:
+                return self.b.reduce("ReduceSum", self.row_energy)
+            return self.b.reduce("ReduceSumSquare", self.y)
+
+        return self.memo("yss", make)
+
+    _split: Split  # set on branch contexts by Split.branch
+
+
+class Split:
+    """The finite/non-finite split of one tap: what the two branches share, and how to make each."""
+
+    def __init__(self, outer: TapContext, x: str, info: TapInfo, check: str, rows: str | None, bad: str):
+        self.outer, self.x, self.info, self.check, self.rows, self.bad = outer, x, info, check, rows, bad
+
+    def branch(self, b: Builder, slow: bool) -> TapContext:
+        ctx = TapContext(b, self.x, self.info, self.outer.options, outer=self.outer, slow=slow)
+        ctx._split = self
+        return ctx
+
+
+def _as_float(b: Builder, x: str, elem_type: int) -> str:
+    if elem_type == TensorProto.FLOAT:
+        return x
+    if elem_type in (TensorProto.FLOAT16, TensorProto.BFLOAT16):
+        # onnxruntime's CPU EP runs fp16 ops in float32 between Casts it inserts, and drops a
+        # Cast(float->fp16) -> Cast(fp16->float) pair even with optimizations off: a direct Cast
+        # would read the unrounded float32 values (finite where the tensor holds inf). A Reshape
+        # to its own shape in between keeps the tensor's own fp16 values, at every opset.
+        return b.cast(b.op("Reshape", [x, b.op("Shape", [x])]), F)
+    return b.cast(x, F)
+
+
+def _block_samples(b: Builder, flat: str, n: str, o: SketchOptions) -> str:
+    """The elements at `sample_positions` (sketch.histogram): rows of x viewed as [n/g, g], gathered."""
+    blk = SAMPLE_BLOCK
+    g = b.op("Where", [b.op("Equal", [b.op("Mod", [n, b.i64(blk)]), b.i64(0)]), b.i64(blk), b.i64(1)])
+    rows = b.op("Div", [n, g])
+    k = b.minimum(rows, b.op("Div", [b.op("Add", [b.i64(o.sample_size - 1), g]), g]))
+    j = b.op("Range", [b.i64(0), k, b.i64(1)])
+    u = b.op("Mul", [b.cast(j, TensorProto.DOUBLE), b.const(GOLDEN, np.float64)])
+    frac = b.op("Sub", [u, b.op("Floor", [u])])
+    at = b.op("Floor", [b.op("Mul", [frac, b.cast(rows, TensorProto.DOUBLE)])])
+    idx = b.op("Where", [b.op("Less", [k, rows]), b.cast(at, TensorProto.INT64), j])
+    view = b.op("Reshape", [flat, b.op("Concat", [b.i64([-1]), b.op("Reshape", [g, b.i64([1])])], axis=0)])
+    return b.flat(b.op("Gather", [view, idx], axis=0), "samples")
