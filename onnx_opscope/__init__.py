@@ -10,6 +10,7 @@ The public API: each function is one call for what its `opscope` command does.
     report(table, out_path)            Markdown / HTML report with plots           (opscope report)
     parity(a, b) / parity(a, providers=...)  outputs and first diverging layer     (opscope parity)
     fake_quant(model) / skip_blocks(model, adds)  rewrites, typed results          (opscope rewrite)
+    write_rewrite(model, rewritten, out)  save it and score it against the model
 
 Names are imported on first use, so `import onnx_opscope` stays cheap (no onnxruntime,
 pyarrow or matplotlib until a function that needs them is called).
@@ -50,6 +51,7 @@ _API = {
     "read_table": "run",
     "parity": "run",
     "validate_skips": "run",
+    "write_rewrite": "run",
     "analyze": "analysis",
     "MineConfig": "findings",
     "mine": "findings",

@@ -35,7 +35,7 @@ from test_sketches import (
 from onnx_opscope import sketch as sk
 from onnx_opscope import zoo
 from onnx_opscope.errors import OpscopeError
-from onnx_opscope.graph import iter_graphs, load_model
+from onnx_opscope.graph import ModelIndex, iter_graphs, load_model
 from onnx_opscope.instrument import decode, decode_tap, decode_taps, host_values, inject
 from onnx_opscope.run.session import RuntimeConfig, make_session, run
 
@@ -421,3 +421,112 @@ def test_inject_file_writes_model_and_manifest(tmp_path):
     rows = decode(again, run_all(path, feeds), host_values(again, path))  # weights: from the written model
     assert len(rows) > 0 and set(rows.site) == {s.id for s in again.sites}
     assert {r for r, s in zip(rows.role, rows.stat) if s == "min"} >= {"weight", "in", "out"}
+
+
+# --------------------------------------------------------------------------------------------
+# the pipeline's steps, one at a time
+
+
+def _target(model: onnx.ModelProto, sketches=("default",)):
+    from onnx_opscope.instrument.inject import _prepare
+
+    return _prepare(model, None), sk.resolve(list(sketches))
+
+
+def test_plan_taps_one_per_tensor_with_the_union_of_sketches():
+    """q/k/v read one tensor: one tap; the attn site adds its own sketches to the tensor it shares."""
+    from onnx_opscope.instrument.plan import plan_taps
+
+    model = zoo.build("transformer_tiny_lm")
+    target, names = _target(model, ["min", "max"])
+    records, taps = plan_taps(target.sites, names, target.table, target.index)
+    assert len(records) == len(target.sites)
+    keys = [(t.graph, t.tensor, t.channel_axis, t.seq_axis) for t in taps if t.sketches]
+    assert len(keys) == len(set(keys))
+    ln = next(t for t in taps if t.tensor == "block1/ln1_output_0")
+    readers = [r for r in records if ln.id in r.roles.values()]
+    assert {r.id for r in readers} >= {
+        "block1/attn/q_proj/matmul",
+        "block1/attn/k_proj/matmul",
+        "block1/attn/v_proj/matmul",
+    }
+    probs = next(t for t in taps if t.tensor == "block1/attn/softmax_output_0")
+    assert set(probs.sketches) == {
+        "min",
+        "max",
+        "attn_qmax",
+        "attn_krecv",
+    }  # the av MatMul lhs and the attn site
+    weights = [t for t in taps if t.constant]
+    assert weights and all(target.index.is_constant(t.graph, t.tensor) for t in weights)
+    assert all(not t.outputs and t.stacked == 0 for t in taps)  # nothing built yet
+
+
+def test_build_places_taps_after_their_producer_or_at_the_end():
+    from onnx_opscope.instrument.inject import build
+    from onnx_opscope.instrument.plan import plan_taps
+
+    model = zoo.build("mlp")
+    for placement in ("producer", "end"):
+        target, names = _target(model)
+        _, taps = plan_taps(target.sites, names, target.table, target.index)
+        inserts = build(target, taps, sk.SketchOptions(), placement)
+        live = [t for t in taps if not t.constant]
+        assert all(t.outputs for t in live) and all(not t.outputs for t in taps if t.constant)
+        positions = sorted(inserts[""])
+        last = len(target.model.graph.node) - 1
+        if placement == "end":
+            assert positions == [last]
+        else:
+            producers = {target.index.main.producer_index(t.tensor) for t in live}
+            assert set(positions) == {-1 if p is None else p for p in producers}
+
+
+def test_expose_then_splice_keeps_originals_first():
+    from onnx_opscope.instrument.inject import build, expose_all, splice_all
+    from onnx_opscope.instrument.plan import plan_taps
+
+    model = zoo.build("loop")
+    target, names = _target(model, ["all"])
+    _, taps = plan_taps(target.sites, names, target.table, target.index)
+    inserts = build(target, taps, sk.SketchOptions(), "producer")
+    n_nodes = {p: len(target.index[p].graph.node) for p in inserts}
+    expose_all(target, taps, sk.SketchOptions())
+    outputs = [o.name for o in target.model.graph.output]
+    assert outputs[: len(model.graph.output)] == [o.name for o in model.graph.output]
+    assert set(outputs[len(model.graph.output) :]) == {n for t in taps for n in t.outputs.values()}
+    assert {t.stacked for t in taps if t.graph == "loop/body" and not t.constant} == {1}
+    splice_all(target.index, inserts)
+    after = ModelIndex(target.model)
+    for path, before in n_nodes.items():  # a Loop body gains no node from exposing: only the taps
+        added = sum(x.n if hasattr(x, "n") else 1 for nodes in inserts[path].values() for x in nodes)
+        assert len(after[path].graph.node) == before + added
+    if target.constants is not None:
+        target.model.graph.initializer.extend(target.constants.tensors)
+    onnx.checker.check_model(target.model)
+
+
+def test_templates_copy_exactly_what_a_node_by_node_build_makes():
+    """A tap copied from its template by renaming bytes is the tap built node by node."""
+    from onnx_opscope.graph import Constants, Names
+    from onnx_opscope.instrument.templates import TapTemplates
+
+    info = sk.TapInfo(3, TensorProto.FLOAT)
+    names = sk.resolve(["all"])
+    opts = sk.SketchOptions()
+    made = []
+    for enabled in (True, False):
+        taken = Names({"x"})
+        tpl = TapTemplates(17, opts, taken, Constants(taken))
+        tpl.enabled = enabled
+        tpl.build("opscope_t0_", "first", info, names)  # the first of a signature makes the template
+        nodes, out = tpl.build("opscope_t1_", "other", info, names)
+        g = onnx.GraphProto()
+        if enabled:
+            assert len(nodes) == 1 and hasattr(nodes[0], "data")  # one encoded chunk
+            g.ParseFromString(nodes[0].data)
+        else:
+            g.node.extend(nodes)
+        made.append((g, out))
+    (copied, out_c), (built, out_b) = made
+    assert out_c == out_b and [n for n in copied.node] == [n for n in built.node]

@@ -6,7 +6,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 from conftest import real_model_path
-from test_mine import matmul_model
+from test_findings import matmul_model
 
 from onnx_opscope import sketch as sk
 from onnx_opscope.cli import main

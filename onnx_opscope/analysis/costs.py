@@ -379,6 +379,8 @@ class _Walker:
         return total
 
     def price(self, node: NodeProto, nid: str, path: str, repeat: Dim, counted: bool, note: str) -> OpCost:
+        """One node's cost record. One function on purpose: it is the analyzer's inner loop (160k nodes in
+        ~3 s), with the None-propagating sums inlined; split into helpers it cost a call per input."""
         op = node.op_type
         table = self.table
         in_names, out_names = list(node.input), list(node.output)  # read the protobuf once

@@ -51,8 +51,8 @@ from onnx import NodeProto
 
 from ..graph.proto import attr as get_attr
 from ..graph.proto import op_set
-from ..shapes.symbolic import Poly, prod
 from ..shapes.symbolic import add as _plus
+from ..shapes.symbolic import prod
 from ..shapes.table import Dim, Shape
 
 Gemm = tuple[Dim, Dim, Dim, Dim]  # (batch, M, K, N)
@@ -639,7 +639,3 @@ def op_count(node: NodeProto, ins: Sequence[Shape | None], outs: Sequence[Shape 
     """The node's FLOPs and GEMM shapes, or None when its op is not modelled."""
     f = FORMULAS.get(node.op_type)
     return None if f is None else f(node, ins, outs)
-
-
-def is_symbolic(x: Dim) -> bool:
-    return isinstance(x, Poly)

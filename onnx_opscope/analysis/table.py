@@ -51,15 +51,15 @@ def _ai(x: float | None) -> str:
     return "?" if x is None else f"{x:.3g}"
 
 
-def print_report(
-    report: Report, top: int = 15, file: IO[str] | None = None, width: int | None = None
-) -> None:
-    """Print the report as rich tables to `file` (stdout by default)."""
-    con = Console(file=file, highlight=False)
-    if width or not con.is_terminal:
-        con.width = width or 150  # a pipe or file: wide enough for every column
-    t = report.totals
-    dev = report.device
+def _table(title: str, cols: list[str], right: set[str]) -> Table:
+    tab = Table(title=title, title_justify="left")
+    for col in cols:
+        tab.add_column(col, justify="right" if col in right else "left", overflow="fold")
+    return tab
+
+
+def _header(con: Console, report: Report) -> None:
+    t, dev = report.totals, report.device
     con.print(
         f"[bold]{report.model}[/bold]: {t['nodes']} nodes ({t['nodes_counted']} counted), "
         f"{si(t['params'])} params, {si(t['weights_unique_bytes'], 'B')} of weights"
@@ -75,14 +75,13 @@ def print_report(
             "--shape NAME:D0,D1,... for numbers"
         )
 
+
+def _top_ops(report: Report, top: int) -> Table:
     recs = sorted((r for r in report.records if r.counted and r.modelled), key=lambda r: -rank_value(r.flops))
-    tab = Table(title=f"top {min(top, len(recs))} ops by FLOPs", title_justify="left")
-    for col in ("node", "op", "FLOPs", "bytes", "weights", "AI", "class", "est time", "note"):
-        tab.add_column(
-            col,
-            justify="right" if col in ("FLOPs", "bytes", "weights", "AI", "est time") else "left",
-            overflow="fold",
-        )
+    cols = ["node", "op", "FLOPs", "bytes", "weights", "AI", "class", "est time", "note"]
+    tab = _table(
+        f"top {min(top, len(recs))} ops by FLOPs", cols, {"FLOPs", "bytes", "weights", "AI", "est time"}
+    )
     for r in recs[:top]:
         total = r.bytes_total
         tab.add_row(
@@ -96,77 +95,74 @@ def print_report(
             si(r.est_time_s, "s"),
             r.note,
         )
-    con.print(tab)
+    return tab
 
-    tab = Table(title="by op kind", title_justify="left")
+
+def _by_op(report: Report) -> Table:
     cols = ["op", "count", "FLOPs", "FLOP %", "bytes", "byte %", "AI", "class"]
-    if report.profile is not None:
-        cols.append("time %")
-    for col in cols:
-        tab.add_column(col, justify="left" if col in ("op", "class") else "right")
+    timed = report.profile is not None
+    tab = _table("by op kind", cols + (["time %"] if timed else []), set(cols + ["time %"]) - {"op", "class"})
     for row in report.by_op:
         cells = [
-            row["op_type"],
-            str(row["count"]),
-            _val(row["flops"], row["flops_expr"]),
-            _pct(row["flops_share"]),
-            _val(row["bytes"], row["bytes_expr"], "B"),
-            _pct(row["bytes_share"]),
-            _ai(row["intensity"]),
-            row["roofline"],
-        ]
-        if report.profile is not None:
-            cells.append(_pct(row.get("time_share")))
-        tab.add_row(*cells)
-    con.print(tab)
+            row["op_type"], str(row["count"]), _val(row["flops"], row["flops_expr"]), _pct(row["flops_share"]),
+            _val(row["bytes"], row["bytes_expr"], "B"), _pct(row["bytes_share"]), _ai(row["intensity"]), row["roofline"],
+        ]  # fmt: skip
+        tab.add_row(*cells, *([_pct(row.get("time_share"))] if timed else []))
+    return tab
 
-    if report.gemm_shapes:
-        tab = Table(title="GEMM shapes (batch x M x K x N; convs as implicit GEMM)", title_justify="left")
-        for col in ("batch", "M", "K", "N", "count", "FLOPs", "ops"):
-            tab.add_column(col, justify="left" if col == "ops" else "right")
-        for e in report.gemm_shapes[:top]:
-            tab.add_row(
-                e["batch"],
-                e["M"],
-                e["K"],
-                e["N"],
-                _count(e["count"]),
-                _val(e["flops"], e["flops_expr"]),
-                ",".join(e["op_types"]),
-            )
-        con.print(tab)
 
+def _gemms(report: Report, top: int) -> Table:
+    cols = ["batch", "M", "K", "N", "count", "FLOPs", "ops"]
+    tab = _table("GEMM shapes (batch x M x K x N; convs as implicit GEMM)", cols, set(cols) - {"ops"})
+    for e in report.gemm_shapes[:top]:
+        tab.add_row(e["batch"], e["M"], e["K"], e["N"], _count(e["count"]), _val(e["flops"], e["flops_expr"]),
+                    ",".join(e["op_types"]))  # fmt: skip
+    return tab
+
+
+def _traffic(report: Report) -> Table:
     tr = report.traffic
-    tab = Table(title="memory traffic", title_justify="left")
-    for col in ("weights", "graph I/O", "intermediates (fusible)", "unique weights"):
-        tab.add_column(col, justify="right")
+    cols = ["weights", "graph I/O", "intermediates (fusible)", "unique weights"]
+    tab = _table("memory traffic", cols, set(cols))
     tab.add_row(
         f"{_val(tr['weights'], tr['weights_expr'], 'B')} {_pct(tr['weights_share'])}",
         f"{_val(tr['io'], tr['io_expr'], 'B')} {_pct(tr['io_share'])}",
         f"{_val(tr['intermediate'], tr['intermediate_expr'], 'B')} {_pct(tr['intermediate_share'])}",
         si(tr["weights_unique_bytes"], "B"),
     )
-    con.print(tab)
+    return tab
 
+
+def _fusion(report: Report) -> Table:
+    cols = ["op", "count", "saved", "AI fused", "AI unfused"]
+    tab = _table("fused contrib ops: traffic the fusion keeps on chip", cols, set(cols) - {"op"})
+    for f in report.fusion:
+        tab.add_row(f["op_type"], str(f["count"]), _val(f["saved_bytes"], f["saved_bytes_expr"], "B"),
+                    _ai(f["intensity_fused"]), _ai(f["intensity_unfused"]))  # fmt: skip
+    return tab
+
+
+def print_report(
+    report: Report, top: int = 15, file: IO[str] | None = None, width: int | None = None
+) -> None:
+    """Print the report as rich tables to `file` (stdout by default)."""
+    con = Console(file=file, highlight=False)
+    if width or not con.is_terminal:
+        con.width = width or 150  # a pipe or file: wide enough for every column
+    _header(con, report)
+    con.print(_top_ops(report, top))
+    con.print(_by_op(report))
+    if report.gemm_shapes:
+        con.print(_gemms(report, top))
+    con.print(_traffic(report))
     if report.boundedness:
         parts = [
-            f"{cls} {_pct(v['share']) or _val(v['flops'], v['flops_expr'])}"
-            for cls, v in report.boundedness.items()
+            f"{c} {_pct(v['share']) or _val(v['flops'], v['flops_expr'])}"
+            for c, v in report.boundedness.items()
         ]
         con.print("FLOP share by boundedness: " + ", ".join(parts))
     if report.fusion:
-        tab = Table(title="fused contrib ops: traffic the fusion keeps on chip", title_justify="left")
-        for col in ("op", "count", "saved", "AI fused", "AI unfused"):
-            tab.add_column(col, justify="left" if col == "op" else "right")
-        for f in report.fusion:
-            tab.add_row(
-                f["op_type"],
-                str(f["count"]),
-                _val(f["saved_bytes"], f["saved_bytes_expr"], "B"),
-                _ai(f["intensity_fused"]),
-                _ai(f["intensity_unfused"]),
-            )
-        con.print(tab)
+        con.print(_fusion(report))
     if report.unmodelled:
         con.print(
             "unmodelled (FLOPs not counted): " + ", ".join(f"{k} x{v}" for k, v in report.unmodelled.items())

@@ -11,6 +11,7 @@ from .options import (
     add_quiet_argument,
     add_tap_arguments,
     selection_from_args,
+    sketch_epilog,
     sketch_options_from_args,
     sketches_from_args,
 )
@@ -32,7 +33,7 @@ def add_parser(sub) -> argparse.ArgumentParser:
         "graph: their sketches are computed on the host when decoding (onnx_opscope.host_values). External "
         "weights are not loaded: the new model refers to the original data file (hard-linked beside OUT when it "
         "is in another folder, or copied with --copy-external-data).",
-        epilog=EPILOG,
+        epilog=EPILOG + "\n" + sketch_epilog(),
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )
     p.add_argument("model", type=Path, help="the .onnx model")

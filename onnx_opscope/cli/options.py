@@ -24,6 +24,7 @@ from ..run.feeds import DEFAULT_BATCH, DEFAULT_BATCHES, DEFAULT_DIM, DISTRIBUTIO
 from ..run.session import RuntimeConfig
 from ..sites import SITE_KINDS, TAPPABLE_OPS, Selection
 from ..sketch import ALL_SKETCHES, DEFAULT_SKETCHES, HIST_MODES, SketchOptions
+from ..sketch import describe as describe_sketches
 
 
 def csv_items(items: list[str] | None) -> tuple[str, ...]:
@@ -369,6 +370,15 @@ def sketch_options_from_args(args: argparse.Namespace) -> SketchOptions:
         return SketchOptions(hist_bins=args.hist_bins, hist_range=hist_range, hist_mode=args.hist_mode)
     except ValueError as exc:
         raise OpscopeError(str(exc)) from None
+
+
+def sketch_epilog() -> str:
+    """Every sketch with its set, merge rule and measured cost, for the help of the commands that take --sketch."""
+    rows = [f"  {name:<12} {group:<11} {cost}" for name, group, _, _, cost in describe_sketches()]
+    return (
+        "sketches (--sketch NAME, or a set: default, all; the site kinds' own come with their sites):\n"
+        + "\n".join(rows)
+    )
 
 
 def add_tap_arguments(parser: argparse.ArgumentParser) -> None:

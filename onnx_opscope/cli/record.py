@@ -29,6 +29,7 @@ from .options import (
     one_line_warnings,
     runtime_config_from_args,
     selection_from_args,
+    sketch_epilog,
     sketch_options_from_args,
     sketches_from_args,
 )
@@ -57,7 +58,7 @@ def add_parser(sub) -> argparse.ArgumentParser:
         "(parity gate), run every batch on the chosen execution provider and append the decoded "
         "sketches to a tidy table, batch by batch. Beside the table: <stem>.sites.csv (site, M, K, N, "
         "flops) and <stem>.run.json (providers, optimization level, threads, feeds, parity).",
-        epilog=EPILOG,
+        epilog=EPILOG + "\n" + sketch_epilog(),
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )
     p.add_argument("model", type=Path, help="the .onnx model")

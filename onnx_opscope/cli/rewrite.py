@@ -1,7 +1,7 @@
 """`opscope rewrite skip|fakequant`: write a rewritten model and report its quality against the original.
 
-Two API calls: `onnx_opscope.skip_blocks` / `fake_quant`, then `onnx_opscope.parity` (outputs
-only) on the same feeds for max relative error, cosine and top-1 agreement.
+Two API calls: `onnx_opscope.skip_blocks` / `fake_quant`, then `run.write_rewrite` (save, and
+compare with the original on the same feeds: max relative error, cosine, top-1 agreement).
 """
 
 from __future__ import annotations
@@ -10,8 +10,7 @@ import argparse
 from pathlib import Path
 
 from ..errors import OpscopeError
-from ..graph.io import save_model
-from ..run import parity
+from ..run import write_rewrite
 from ..transform import QUANT_MODES, Rewritten, fake_quant, residual_sites, skip_blocks
 from .options import (
     add_feed_arguments,
@@ -115,8 +114,6 @@ def run(args: argparse.Namespace) -> int:
         return 0
     if args.output is None:
         raise OpscopeError("-o OUT is required: where to write the rewritten model")
-    if args.output.resolve() == args.model.resolve():
-        raise OpscopeError(f"-o {args.output} is the input model: write the rewrite to another file")
     if args.transform == "skip":
         blocks = [b for item in args.blocks for b in item.split(",") if b.strip()]
         if not blocks:
@@ -126,11 +123,11 @@ def run(args: argparse.Namespace) -> int:
         result = skip_blocks(args.model, blocks)
     else:
         result = fake_quant(args.model, args.mode, args.weights)
-    path = save_model(result.model, args.output, base_dir=args.model.parent)
-    lines = [*_describe(result), f"wrote {path}"]
-    if not args.no_check:
-        rep = parity(args.model, path, feeds=feed_spec_from_args(args), runtime=runtime_config_from_args(args),
-                     layers=False)  # fmt: skip
+    written = write_rewrite(args.model, result, args.output, check=not args.no_check,
+                            feeds=feed_spec_from_args(args), runtime=runtime_config_from_args(args))  # fmt: skip
+    lines = [*_describe(result), f"wrote {written.path}"]
+    rep = written.quality
+    if rep is not None:
         s = rep.summary()
         top1 = "" if s["top1"] is None else f", top-1 agreement {s['top1']:.2%}"
         lines.append(

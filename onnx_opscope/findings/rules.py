@@ -64,7 +64,6 @@ RULES: tuple[Rule, ...] = (
     Rule("positional", "pos_cv", ">", "pos_cv_min", "sequence / positional structure",
          "std(pos_sumsq)/|mean(pos_sumsq)| > {t}", lambda v: min(v / 3.0, 1.0)),
 )  # fmt: skip
-RULE_NAMES = tuple(r.name for r in RULES) + ("dense",)
 # The sketches each rule reads; the opt-in ones (nnz, chan_maxabs, kurtosis, adj_sumsq) may be absent.
 RULE_SKETCHES = {
     "nonfinite": ("nan_count", "inf_count"),

@@ -6,10 +6,7 @@ predicates; no call site tests an opset number itself.
 
 from __future__ import annotations
 
-import onnx
-
 MIN_TAP_OPSET = 11  # below: tap subgraphs would need Unique / Range forms that do not exist yet
-MAX_OPSET = onnx.defs.onnx_opset_version()
 
 _AXES_AS_INPUT_SINCE = {"ReduceSum": 13, "Unsqueeze": 13, "Squeeze": 13}
 _REDUCE_AXES_AS_INPUT_SINCE = 18

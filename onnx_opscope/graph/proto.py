@@ -37,10 +37,6 @@ def input_at(node: NodeProto, i: int) -> str | None:
     return node.input[i] if len(node.input) > i and node.input[i] else None
 
 
-def is_default_domain(node: NodeProto) -> bool:
-    return node.domain in DEFAULT_DOMAINS
-
-
 def subgraphs(node: NodeProto) -> list[tuple[str, str, GraphProto]]:
     """(attribute name, path suffix, graph) of every graph attribute of `node`.
 

@@ -4,12 +4,14 @@
 - `session`: execution providers by short name, session options, one-line failures;
 - `recorder`: `record` (inject, run every batch, decode, append to the table, parity gate);
 - `table`: the tidy sketch table, written batch by batch, and `read_table`;
-- `parity`: a model against its rewrite or against itself on another provider.
+- `parity`: a model against its rewrite or against itself on another provider;
+- `rewrite`: a rewrite saved beside its source's weights, and scored against it.
 """
 
 from .feeds import DISTRIBUTIONS, FeedSpec, input_signature, iter_feeds, load_data, synthetic_feeds
 from .parity import parity, parity_models, parity_providers, validate_skips
 from .recorder import RecordResult, record
+from .rewrite import WrittenRewrite, write_rewrite
 from .session import RuntimeConfig, make_session, resolve_providers
 from .session import run as run_session
 from .table import SCHEMA, read_table, sidecar_paths
@@ -34,4 +36,6 @@ __all__ = [
     "sidecar_paths",
     "synthetic_feeds",
     "validate_skips",
+    "write_rewrite",
+    "WrittenRewrite",
 ]

@@ -169,19 +169,24 @@ def record(
     finally:
         pipeline.close(quiet=True)  # after an error or Ctrl-C: the batch already run is still written
         sink.writer.close()
-        sites_path, run_path = sidecar_paths(out)
-        write_sites(sites_path, manifest, sink.site_dims)
-        meta = {
-            "run_id": run_id, "model": manifest.source, "model_sha256": manifest.source_sha256,
-            "runtime": record_rt, "feeds": _feed_record(feeds), "sketches": manifest.sketches,
-            "options": manifest.options, "placement": placement, "batches": sink.steps, "rows": sink.rows,
-            "seconds": round(time.perf_counter() - started, 3),
-            "parity": asdict(gate) if gate else None, "table": out.name,
-        }  # fmt: skip
-        run_path.write_text(json.dumps(meta, indent=1, default=str))
-    return RecordResult(
-        out, sites_path, run_path, manifest, sink.steps, sink.rows, meta["seconds"], gate, record_rt
-    )
+        seconds = round(time.perf_counter() - started, 3)
+        sites_path, run_path = _write_sidecars(out, manifest, sink, run_id, record_rt, feeds, gate, seconds)
+    return RecordResult(out, sites_path, run_path, manifest, sink.steps, sink.rows, seconds, gate, record_rt)
+
+
+def _write_sidecars(out: Path, manifest: Manifest, sink: _Sink, run_id: str, runtime: dict, feeds: FeedSpec,
+                    gate: DropIn | None, seconds: float) -> tuple[Path, Path]:  # fmt: skip
+    """`<stem>.sites.csv` (the first batch's GEMM dims per site) and `<stem>.run.json` (what ran, how)."""
+    sites_path, run_path = sidecar_paths(out)
+    write_sites(sites_path, manifest, sink.site_dims)
+    meta = {
+        "run_id": run_id, "model": manifest.source, "model_sha256": manifest.source_sha256, "runtime": runtime,
+        "feeds": _feed_record(feeds), "sketches": manifest.sketches, "options": manifest.options,
+        "placement": manifest.placement, "batches": sink.steps, "rows": sink.rows, "seconds": seconds,
+        "parity": asdict(gate) if gate else None, "table": out.name,
+    }  # fmt: skip
+    run_path.write_text(json.dumps(meta, indent=1, default=str))
+    return sites_path, run_path
 
 
 def _parity_gate(model: ModelLike, runtime: RuntimeConfig, base_dir: str | os.PathLike | None,

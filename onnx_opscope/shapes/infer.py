@@ -110,33 +110,8 @@ def prepare_inputs(
     symbols: dict[str, str] = {}
     for vi in real:
         tt = vi.type.tensor_type
-        given = shapes.get(vi.name)
-        if given is not None:
-            old = list(tt.shape.dim) if tt.HasField("shape") else None
-            if old is not None and len(old) != len(given):
-                raise OpscopeError(
-                    f"--shape {vi.name}: the model declares rank {len(old)}, got {len(given)} dims"
-                )
-            for axis, g in enumerate(given):
-                if (
-                    old is not None
-                    and isinstance(g, int)
-                    and old[axis].HasField("dim_value")
-                    and old[axis].dim_value > 0
-                    and old[axis].dim_value != g
-                ):
-                    raise OpscopeError(
-                        f"--shape {vi.name}: axis {axis} is {old[axis].dim_value} in the model, "
-                        f"--shape gives {g}"
-                    )
-            tt.shape.ClearField("dim")
-            tt.shape.SetInParent()
-            for g in given:
-                d = tt.shape.dim.add()
-                if isinstance(g, int):
-                    d.dim_value = g
-                else:
-                    d.dim_param = safe_symbol(g)
+        if vi.name in shapes:
+            _write_shape(vi, shapes[vi.name])
         if not tt.HasField("shape"):
             continue
         for axis, d in enumerate(tt.shape.dim):
@@ -155,6 +130,28 @@ def prepare_inputs(
             hint=f"symbolic input dims: {listing(symbols) or 'none'}",
         )
     return m, {k: v for k, v in symbols.items() if k not in dims}
+
+
+def _write_shape(vi: onnx.ValueInfoProto, given: Sequence[int | str]) -> None:
+    """Replace input `vi`'s declared shape by `given` (ints or symbols), checked against what it declares."""
+    tt = vi.type.tensor_type
+    old = list(tt.shape.dim) if tt.HasField("shape") else None
+    if old is not None and len(old) != len(given):
+        raise OpscopeError(f"--shape {vi.name}: the model declares rank {len(old)}, got {len(given)} dims")
+    for axis, g in enumerate(given):
+        declared = old[axis].dim_value if old is not None and old[axis].HasField("dim_value") else 0
+        if isinstance(g, int) and declared > 0 and declared != g:
+            raise OpscopeError(
+                f"--shape {vi.name}: axis {axis} is {declared} in the model, --shape gives {g}"
+            )
+    tt.shape.ClearField("dim")
+    tt.shape.SetInParent()
+    for g in given:
+        d = tt.shape.dim.add()
+        if isinstance(g, int):
+            d.dim_value = g
+        else:
+            d.dim_param = safe_symbol(g)
 
 
 # -- reading shapes out of protos --------------------------------------------------------
@@ -196,10 +193,10 @@ def _read_type(
     return tt.elem_type, tuple(out)
 
 
-def _collect_into(table: ShapeTable, model: ModelProto, strong: set[str]) -> None:
-    """Merge the declared and inferred value types of all graphs of `model` into `table`."""
+def _collect_into(table: ShapeTable, index: ModelIndex, strong: set[str]) -> None:
+    """Merge the declared and inferred value types of all graphs of a model into `table`."""
     shapes, dtypes = table.shapes, table.dtypes
-    for entry in ModelIndex(model).graphs.values():
+    for entry in index.graphs.values():
         g = entry.graph
         for vis in (g.input, g.value_info, g.output):
             for vi in vis:
@@ -233,19 +230,55 @@ def infer_shapes(
     strong = set(symbols)
     table = ShapeTable(symbols=symbols)
     index = ModelIndex(prepared)
-    graphs = [e.graph for e in index.graphs.values()]
-    n_nodes = sum(len(g.node) for g in graphs)
+    inits = _static_facts(table, index)
+    n_nodes = sum(len(e.graph.node) for e in index.graphs.values())
+    if n_nodes >= RULES_FIRST_NODES and {n.op_type for _, _, n in index.nodes()} <= EXACT_RULE_OPS:
+        # Huge graph of plain ops: the per-node rules are exact for these, and a third of the
+        # cost of onnx's inference (serialise, infer, parse back) is saved when they suffice.
+        _collect_into(table, index, strong)
+        fallback = Fallback(index, table, inits, strong)
+        filled, unresolved = fallback.run()
+        if not unresolved:
+            table.sources["onnx"] = f"skipped: the per-node rules resolved all {n_nodes} nodes"
+            table.sources["onnxruntime-symbolic"] = "not needed"
+            return _finish(table, fallback, filled, 0)
+    inferred = _onnx_inference(table, prepared)
+    inferred_index = index if inferred is None else ModelIndex(inferred)
+    _collect_into(table, inferred_index, strong)
+    fallback = Fallback(inferred_index, table, inits, strong)
+    filled, left = fallback.run()
+    want_ort = symbolic is True or (symbolic == "auto" and left and n_nodes <= ort_max_nodes)
+    if not want_ort:
+        why = (
+            "not needed"
+            if not left
+            else "off"
+            if symbolic is False
+            else f"skipped: {n_nodes} nodes > {ort_max_nodes}"
+        )
+        table.sources["onnxruntime-symbolic"] = why
+        return _finish(table, fallback, filled, left)
+    ort_shapes, table.sources["onnxruntime-symbolic"] = _ort_symbolic(prepared, strong)
+    if ort_shapes:
+        _merge_into(table, *ort_shapes, strong)
+        fallback.forget_values()  # shape values may now resolve further
+        more, left = fallback.run()
+        filled += more
+    return _finish(table, fallback, filled, left)
 
-    # static facts: initializers and Constant nodes
+
+def _static_facts(table: ShapeTable, index: ModelIndex) -> dict[str, TensorProto]:
+    """Initializers (sparse ones too) and Constant outputs: their shapes, dtypes, and that they are weights."""
     inits: dict[str, TensorProto] = {}
-    for g in graphs:
+    for entry in index.graphs.values():
+        g = entry.graph
         for t in g.initializer:
             inits[t.name] = t
-        for s in g.sparse_initializer:
-            inits[s.values.name] = s.values
-            table.shapes[s.values.name] = tuple(s.dims)
-            table.dtypes[s.values.name] = s.values.data_type
-            table.weights.add(s.values.name)
+        for sp in g.sparse_initializer:
+            inits[sp.values.name] = sp.values
+            table.shapes[sp.values.name] = tuple(sp.dims)
+            table.dtypes[sp.values.name] = sp.values.data_type
+            table.weights.add(sp.values.name)
         for node in g.node:
             if node.op_type == "Constant" and node.output:
                 table.weights.add(node.output[0])
@@ -254,50 +287,23 @@ def infer_shapes(
         if name not in table.shapes:
             table.shapes[name] = tuple(t.dims)
             table.dtypes[name] = t.data_type
+    return inits
 
-    if n_nodes >= RULES_FIRST_NODES and {n.op_type for g in graphs for n in g.node} <= EXACT_RULE_OPS:
-        # Huge graph of plain ops: the per-node rules are exact for these, and a third of the
-        # cost of onnx's inference (serialise, infer, parse back) is saved when they suffice.
-        _collect_into(table, prepared, strong)
-        fallback = Fallback(index, table, inits, strong)
-        filled, unresolved = fallback.run()
-        if not unresolved:
-            table.sources["onnx"] = f"skipped: the per-node rules resolved all {n_nodes} nodes"
-            table.sources["onnxruntime-symbolic"] = "not needed"
-            table.sources["fallback"] = f"filled {filled} dims; 0 node outputs still have unknown dims"
-            table.value_of, table.const_of = fallback.value, fallback.const
-            return table
 
+def _onnx_inference(table: ShapeTable, prepared: ModelProto) -> ModelProto | None:
     t0 = time.perf_counter()
-    inferred = None
     try:
         inferred = onnx.shape_inference.infer_shapes(
             prepared, check_type=False, strict_mode=False, data_prop=True
         )
-        table.sources["onnx"] = f"ok ({time.perf_counter() - t0:.2f} s)"
     except Exception as exc:  # noqa: BLE001 - any failure here falls through to the next source
         table.sources["onnx"] = f"failed: {_one_line(exc)}"
-    src = inferred if inferred is not None else prepared
-    _collect_into(table, src, strong)
+        return None
+    table.sources["onnx"] = f"ok ({time.perf_counter() - t0:.2f} s)"
+    return inferred
 
-    fallback = Fallback(index if inferred is None else ModelIndex(inferred), table, inits, strong)
-    filled, unresolved = fallback.run()
-    left = unresolved
-    want_ort = symbolic is True or (symbolic == "auto" and unresolved and n_nodes <= ort_max_nodes)
-    if not want_ort:
-        if not unresolved:
-            why = "not needed"
-        else:
-            why = "off" if symbolic is False else f"skipped: {n_nodes} nodes > {ort_max_nodes}"
-        table.sources["onnxruntime-symbolic"] = why
-    else:
-        ort_shapes, status = _ort_symbolic(prepared, strong)
-        table.sources["onnxruntime-symbolic"] = status
-        if ort_shapes:
-            _merge_into(table, *ort_shapes, strong)
-            fallback.forget_values()  # shape values may now resolve further
-            more, left = fallback.run()
-            filled += more
+
+def _finish(table: ShapeTable, fallback: Fallback, filled: int, left: int) -> ShapeTable:
     table.value_of, table.const_of = fallback.value, fallback.const
     table.sources["fallback"] = f"filled {filled} dims; {left} node outputs still have unknown dims"
     return table

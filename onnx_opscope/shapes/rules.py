@@ -186,7 +186,7 @@ class Fallback:
                 return np.array(math.prod(shp), dtype=np.int64)
             start, end = get_attr(node, "start", 0), get_attr(node, "end", None)
             return np.array(shp[slice(start, end)], dtype=np.int64)
-        if op not in _FOLDABLE:
+        if op not in _FOLDS and op != "ConstantOfShape":
             return None
         ins = [self.const(i, depth + 1) if i else None for i in node.input]
         if not ins or ins[0] is None:
@@ -215,11 +215,7 @@ class Fallback:
             s = self.table.shapes.get(node.input[0])
             return None if s is None else (prod(s),)
         ins = [self.value(i, depth + 1) for i in node.input]
-        if (
-            op in ("Cast", "Identity", "Squeeze", "Unsqueeze", "Reshape", "Flatten")
-            and ins
-            and ins[0] is not None
-        ):
+        if op in _VALUE_KEEPERS and ins and ins[0] is not None:
             return ins[0]  # a shape tensor keeps its values through these
         if op == "Concat" and ins and all(v is not None for v in ins):
             return tuple(d for v in ins for d in v)
@@ -227,39 +223,50 @@ class Fallback:
             n = len(ins[0])
             return tuple(ins[0][int(i) + n if int(i) < 0 else int(i)] for i in ins[1] if isinstance(i, int))
         if op == "Slice" and ins and ins[0] is not None and len(ins) >= 3 and ins[1] and ins[2]:
-            step = ins[4][0] if len(ins) > 4 and ins[4] else 1
-            st, en = ins[1][0], ins[2][0]
-            if isinstance(st, int) and isinstance(en, int) and isinstance(step, int):
-                return tuple(ins[0][st:en:step])
-            return None
+            return _value_slice(ins)
         if op in ("Add", "Sub", "Mul", "Div") and len(ins) == 2 and ins[0] is not None and ins[1] is not None:
-            a, b = ins
-            if len(a) != len(b):
-                if len(a) == 1:
-                    a = a * len(b)
-                elif len(b) == 1:
-                    b = b * len(a)
-                else:
-                    return None
-            out = []
-            for x, y in zip(a, b, strict=True):
-                if x is None or y is None:
-                    out.append(None)
-                elif op == "Add":
-                    out.append(x + y)
-                elif op == "Sub":
-                    out.append(x - y)
-                elif op == "Mul":
-                    out.append(x * y)
-                elif isinstance(x, int) and isinstance(y, int):
-                    out.append(x // y if y else None)
-                else:
-                    try:
-                        out.append(x / y)
-                    except (ValueError, ZeroDivisionError):
-                        out.append(None)
-            return tuple(out)
+            return _value_arith(op, ins[0], ins[1])
         return None
+
+
+_VALUE_KEEPERS = frozenset({"Cast", "Identity", "Squeeze", "Unsqueeze", "Reshape", "Flatten"})
+
+
+def _value_slice(ins: list[tuple[Dim, ...] | None]) -> tuple[Dim, ...] | None:
+    step = ins[4][0] if len(ins) > 4 and ins[4] else 1
+    st, en = ins[1][0], ins[2][0]
+    if isinstance(st, int) and isinstance(en, int) and isinstance(step, int):
+        return tuple(ins[0][st:en:step])
+    return None
+
+
+def _value_arith(op: str, a: tuple[Dim, ...], b: tuple[Dim, ...]) -> tuple[Dim, ...] | None:
+    """Elementwise Add / Sub / Mul / Div of two shape vectors (one may broadcast from length 1)."""
+    if len(a) != len(b):
+        if len(a) == 1:
+            a = a * len(b)
+        elif len(b) == 1:
+            b = b * len(a)
+        else:
+            return None
+    out: list[Dim] = []
+    for x, y in zip(a, b, strict=True):
+        if x is None or y is None:
+            out.append(None)
+        elif op == "Add":
+            out.append(x + y)
+        elif op == "Sub":
+            out.append(x - y)
+        elif op == "Mul":
+            out.append(x * y)
+        elif isinstance(x, int) and isinstance(y, int):
+            out.append(x // y if y else None)
+        else:
+            try:
+                out.append(x / y)
+            except (ValueError, ZeroDivisionError):
+                out.append(None)
+    return tuple(out)
 
 
 _BOOL_OUT = op_set("Equal Less Greater LessOrEqual GreaterOrEqual And Or Xor Not IsNaN IsInf")
@@ -315,11 +322,6 @@ def _small_array(t: TensorProto) -> np.ndarray | None:
         return None
 
 
-_FOLDABLE = op_set(
-    "Cast Identity Reshape Flatten Squeeze Unsqueeze Concat Gather Slice Transpose ConstantOfShape Add Sub "
-    "Mul Div Mod Neg Abs Equal Less Greater Not Where Range Expand Tile Min Max ReduceProd ReduceSum Floor "
-    "Ceil Sqrt"
-)
 _NP_TYPES = {
     TensorProto.INT64: np.int64,
     TensorProto.INT32: np.int32,
@@ -333,103 +335,112 @@ _NP_TYPES = {
 }
 
 
+def _fold_reshape(node: NodeProto, ins: list[np.ndarray]) -> np.ndarray:
+    x, zero_copies = ins[0], not get_attr(node, "allowzero", 0)
+    return x.reshape([x.shape[i] if d == 0 and zero_copies else int(d) for i, d in enumerate(ins[1])])
+
+
+def _axes_of(node: NodeProto, ins: list[np.ndarray]) -> list[int] | None:
+    """`axes` as an attribute (older opsets) or as the second input."""
+    axes = get_attr(node, "axes")
+    if axes is None and len(ins) > 1 and ins[1] is not None:
+        axes = [int(a) for a in ins[1]]
+    return axes
+
+
+def _fold_squeeze(node: NodeProto, ins: list[np.ndarray]) -> np.ndarray:
+    axes = _axes_of(node, ins)
+    return np.squeeze(ins[0]) if axes is None else np.squeeze(ins[0], axis=tuple(axes))
+
+
+def _fold_unsqueeze(node: NodeProto, ins: list[np.ndarray]) -> np.ndarray:
+    x, axes = ins[0], _axes_of(node, ins)
+    rank = x.ndim + len(axes)
+    for a in sorted(a + rank if a < 0 else a for a in axes):
+        x = np.expand_dims(x, a)
+    return x
+
+
+def _fold_slice(node: NodeProto, ins: list[np.ndarray]) -> np.ndarray:
+    x, starts, ends = ins[0], ins[1], ins[2]
+    axes = ins[3] if len(ins) > 3 and ins[3] is not None else range(len(starts))
+    steps = ins[4] if len(ins) > 4 and ins[4] is not None else [1] * len(starts)
+    sl = [slice(None)] * x.ndim
+    for st, en, ax, sp in zip(starts, ends, axes, steps, strict=False):
+        end = int(en) if -(2**62) < int(en) < 2**62 else None  # INT64 min / max: to the end
+        sl[int(ax)] = slice(int(st), end, int(sp))
+    return x[tuple(sl)]
+
+
+def _fold_reduce(node: NodeProto, ins: list[np.ndarray]) -> np.ndarray:
+    axes = _axes_of(node, ins)
+    fn = np.prod if node.op_type == "ReduceProd" else np.sum
+    return fn(ins[0], axis=None if not axes else tuple(axes), keepdims=bool(get_attr(node, "keepdims", 1)))
+
+
+def _elementwise(fn):
+    """Fold a variadic elementwise op; Div of integers floors, as ONNX's integer Div does."""
+
+    def fold(node: NodeProto, ins: list[np.ndarray]) -> np.ndarray:
+        f = np.floor_divide if fn is np.divide and all(x.dtype.kind in "iu" for x in ins) else fn
+        out = ins[0]
+        for b in ins[1:]:
+            out = f(out, b)
+        return out
+
+    return fold
+
+
+def _unary(fn):
+    return lambda node, ins: fn(ins[0])
+
+
+_BINARY = {
+    "Add": np.add, "Sub": np.subtract, "Mul": np.multiply, "Div": np.divide, "Mod": np.mod, "Equal": np.equal,
+    "Less": np.less, "Greater": np.greater, "Min": np.minimum, "Max": np.maximum,
+}  # fmt: skip
+_UNARY = {
+    "Neg": np.negative,
+    "Abs": np.abs,
+    "Not": np.logical_not,
+    "Floor": np.floor,
+    "Ceil": np.ceil,
+    "Sqrt": np.sqrt,
+}
+_FOLDS = {
+    "Cast": lambda n, ins: ins[0].astype(_NP_TYPES[get_attr(n, "to")]),
+    "Identity": lambda n, ins: ins[0],
+    "Reshape": _fold_reshape,
+    "Flatten": lambda n, ins: ins[0].reshape(int(np.prod(ins[0].shape[: get_attr(n, "axis", 1)])), -1),
+    "Squeeze": _fold_squeeze,
+    "Unsqueeze": _fold_unsqueeze,
+    "Concat": lambda n, ins: np.concatenate(ins, axis=get_attr(n, "axis", 0)),
+    "Gather": lambda n, ins: np.take(ins[0], ins[1].astype(np.int64), axis=get_attr(n, "axis", 0)),
+    "Slice": _fold_slice,
+    "Transpose": lambda n, ins: np.transpose(ins[0], get_attr(n, "perm")),
+    "Where": lambda n, ins: np.where(ins[0], ins[1], ins[2]),
+    "Range": lambda n, ins: np.arange(ins[0], ins[1], ins[2]).astype(ins[0].dtype),
+    "Expand": lambda n, ins: ins[0] * np.ones(tuple(int(d) for d in ins[1]), dtype=ins[0].dtype),
+    "Tile": lambda n, ins: np.tile(ins[0], tuple(int(d) for d in ins[1])),
+    "ReduceProd": _fold_reduce,
+    "ReduceSum": _fold_reduce,
+    **{op: _elementwise(fn) for op, fn in _BINARY.items()},
+    **{op: _unary(fn) for op, fn in _UNARY.items()},
+}
+
+
 def _fold(node: NodeProto, ins: list[np.ndarray | None]) -> np.ndarray | None:
     """Evaluate one node on small constant inputs with numpy (shape arithmetic only)."""
-    op = node.op_type
-    x = ins[0]
-    if op == "ConstantOfShape":
-        if x is None:
+    if node.op_type == "ConstantOfShape":
+        if ins[0] is None:
             return None
         val = get_attr(node, "value")
         fill = numpy_helper.to_array(val).reshape(-1)[0] if isinstance(val, TensorProto) else np.float32(0)
-        return np.full(tuple(int(d) for d in x), fill)
+        return np.full(tuple(int(d) for d in ins[0]), fill)
     if any(i is None for i, name in zip(ins, node.input, strict=True) if name):
         return None
-    if op == "Cast":
-        return x.astype(_NP_TYPES[get_attr(node, "to")])
-    if op == "Identity":
-        return x
-    if op == "Reshape":
-        target = [int(d) for d in ins[1]]
-        target = [
-            x.shape[i] if d == 0 and not get_attr(node, "allowzero", 0) else d for i, d in enumerate(target)
-        ]
-        return x.reshape(target)
-    if op == "Flatten":
-        axis = get_attr(node, "axis", 1)
-        return x.reshape(int(np.prod(x.shape[:axis])), -1)
-    if op in ("Squeeze", "Unsqueeze"):
-        axes = get_attr(node, "axes")
-        if axes is None:
-            axes = [int(a) for a in ins[1]] if len(ins) > 1 and ins[1] is not None else None
-        if op == "Squeeze":
-            return np.squeeze(x) if axes is None else np.squeeze(x, axis=tuple(axes))
-        rank = x.ndim + len(axes)
-        for a in sorted(a + rank if a < 0 else a for a in axes):
-            x = np.expand_dims(x, a)
-        return x
-    if op == "Concat":
-        return np.concatenate(ins, axis=get_attr(node, "axis", 0))
-    if op == "Gather":
-        return np.take(x, ins[1].astype(np.int64), axis=get_attr(node, "axis", 0))
-    if op == "Slice":
-        starts, ends = ins[1], ins[2]
-        axes = ins[3] if len(ins) > 3 and ins[3] is not None else range(len(starts))
-        steps = ins[4] if len(ins) > 4 and ins[4] is not None else [1] * len(starts)
-        sl = [slice(None)] * x.ndim
-        for st, en, ax, sp in zip(starts, ends, axes, steps, strict=False):
-            sl[int(ax)] = slice(int(st), int(en) if -(2**62) < int(en) < 2**62 else None, int(sp))
-            if int(en) <= -(2**62):
-                sl[int(ax)] = slice(int(st), None, int(sp))
-        return x[tuple(sl)]
-    if op == "Transpose":
-        perm = get_attr(node, "perm")
-        return np.transpose(x, perm)
-    if op in ("Add", "Sub", "Mul", "Div", "Mod", "Equal", "Less", "Greater", "Min", "Max"):
-        a, b = ins[0], ins[1]
-        if op == "Div" and a.dtype.kind in "iu" and b.dtype.kind in "iu":
-            return np.floor_divide(a, b)
-        fn = {
-            "Add": np.add,
-            "Sub": np.subtract,
-            "Mul": np.multiply,
-            "Div": np.divide,
-            "Mod": np.mod,
-            "Equal": np.equal,
-            "Less": np.less,
-            "Greater": np.greater,
-            "Min": np.minimum,
-            "Max": np.maximum,
-        }[op]
-        out = a
-        for b in ins[1:]:
-            out = fn(out, b)
-        return out
-    if op in ("Neg", "Abs", "Not", "Floor", "Ceil", "Sqrt"):
-        return {
-            "Neg": np.negative,
-            "Abs": np.abs,
-            "Not": np.logical_not,
-            "Floor": np.floor,
-            "Ceil": np.ceil,
-            "Sqrt": np.sqrt,
-        }[op](x)
-    if op == "Where":
-        return np.where(ins[0], ins[1], ins[2])
-    if op == "Range":
-        return np.arange(ins[0], ins[1], ins[2]).astype(ins[0].dtype)
-    if op == "Expand":
-        return x * np.ones(tuple(int(d) for d in ins[1]), dtype=x.dtype)
-    if op == "Tile":
-        return np.tile(x, tuple(int(d) for d in ins[1]))
-    if op in ("ReduceProd", "ReduceSum"):
-        axes = get_attr(node, "axes")
-        if axes is None and len(ins) > 1 and ins[1] is not None:
-            axes = [int(a) for a in ins[1]]
-        keep = bool(get_attr(node, "keepdims", 1))
-        fn = np.prod if op == "ReduceProd" else np.sum
-        return fn(x, axis=None if not axes else tuple(axes), keepdims=keep)
-    return None
+    fold = _FOLDS.get(node.op_type)
+    return None if fold is None else fold(node, ins)
 
 
 def _broadcast(shapes: Sequence[Shape | None]) -> Shape | None:

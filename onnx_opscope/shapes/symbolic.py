@@ -376,10 +376,6 @@ def add(*xs: Dimlike | None) -> Dimlike | None:
     return out
 
 
-def mul(*xs: Dimlike | None) -> Dimlike | None:
-    return prod(xs)
-
-
 def evaluate(x: Dimlike | None, values: Mapping[str, Number]) -> Dimlike | None:
     return x.evaluate(values) if isinstance(x, Poly) else x
 

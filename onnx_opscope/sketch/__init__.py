@@ -87,6 +87,17 @@ def resolve(names: Sequence[str] | None) -> list[str]:
     return [n for n in REGISTRY if n in chosen]
 
 
+def describe() -> list[tuple[str, str, str, str, str]]:
+    """(name, set, what it is, merge rule, cost) of every sketch, for --help and the docs."""
+    rows = []
+    for name, s in REGISTRY.items():
+        group = (
+            "default" if name in DEFAULT_SKETCHES else (f"{'/'.join(s.kinds)} sites" if s.kinds else "all")
+        )
+        rows.append((name, group, s.doc, s.merge.name, s.cost))
+    return rows
+
+
 def applicable(names: Sequence[str], info: TapInfo) -> list[str]:
     """`names` without the per-channel / per-row sketches when the tensor's rank is unknown or 0."""
     return [n for n in names if not (REGISTRY[n].needs_rank and info.axes() is None)]
@@ -156,6 +167,7 @@ __all__ = [
     "Tolerance",
     "applicable",
     "build_tap",
+    "describe",
     "finalize",
     "for_providers",
     "merge_parts",

@@ -39,7 +39,7 @@ MIN = Sketch(
     finalize=lambda r, o: _finite_or_nan(r["min"], np.min),
     reference=OnFinite(np.min),
     merge=merge.MIN,
-    cost="one whole-tensor reduction (+0.06x plain on bert_like with max: the shared base)",
+    cost="one whole-tensor reduction; with max, the check and the If: the shared base, 1.24x plain",
 )
 MAX = Sketch(
     "max",
@@ -48,7 +48,7 @@ MAX = Sketch(
     finalize=lambda r, o: _finite_or_nan(r["max"], np.max),
     reference=OnFinite(np.max),
     merge=merge.MAX,
-    cost="one whole-tensor reduction",
+    cost="one whole-tensor reduction (in the shared base)",
 )
 MEAN = Sketch(
     "mean",

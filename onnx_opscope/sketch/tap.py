@@ -56,7 +56,7 @@ def build_tap(b: Builder, x: str, info: TapInfo, sketches: list[Sketch], o: Sket
         for sk in finite:
             raws.update(sk.build(ctx))
         branches.append((sub, raws))
-    (slow_b, slow_raws), (fast_b, fast_raws) = branches
+    slow_raws, fast_raws = branches[0][1], branches[1][1]
     if list(slow_raws) != list(fast_raws):
         raise AssertionError(
             f"the branches of a tap built different raws: {list(slow_raws)} vs {list(fast_raws)}"

@@ -15,6 +15,7 @@ from ..errors import OpscopeError, did_you_mean
 from ..graph.build import Builder
 from ..graph.index import ModelIndex
 from ..graph.io import ModelLike, opset_version, without_weight_data
+from ..graph.proto import attr
 from ..graph.wire import splice
 from ..shapes import infer_shapes
 from .result import QuantizedOperand, Rewritten, check_rewrite, copy_of
@@ -73,7 +74,7 @@ def _operand_plan(node: NodeProto, idx: int, mode: str) -> tuple[list[int] | Non
     channel: one scale per K index (reduce every other axis).
     """
     if node.op_type == "Gemm":  # rank 2: K is axis 1 of A and axis 0 of B, swapped by transA / transB
-        trans = next((a.i for a in node.attribute if a.name == ("transA", "transB")[idx]), 0)
+        trans = attr(node, ("transA", "transB")[idx], 0)
         axis = idx if trans else 1 - idx
         axis = axis if mode == "token" else 1 - axis
         return [axis], None, f"reduce axis {axis}"

@@ -24,7 +24,7 @@ from onnx_opscope.sites import Selection
 
 
 def matmul_model(b: int = 2, t: int = 64, c: int = 64):
-    """x @ W with a fixed random weight (as in test_mine): the lhs carries the distribution."""
+    """x @ W with a fixed random weight (as in test_findings): the lhs carries the distribution."""
     w = numpy_helper.from_array(np.random.default_rng(0).standard_normal((c, c)).astype(np.float32), "W")
     x = helper.make_tensor_value_info("x", TensorProto.FLOAT, [b, t, c])
     y = helper.make_tensor_value_info("y", TensorProto.FLOAT, [b, t, c])
