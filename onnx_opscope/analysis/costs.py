@@ -450,18 +450,16 @@ class _Walker:
         return _scaled(rec, repeat)
 
 
+_COST_FIELDS = (
+    "flops", "bytes_read", "bytes_weights", "bytes_written", "bytes_io", "bytes_intermediate", "fusion_saved_bytes"
+)  # fmt: skip
+"""The OpCost fields that scale with a Loop / Scan repeat and take symbol values."""
+
+
 def _scaled(rec: OpCost, repeat: Dim) -> OpCost:
     if repeat is None or repeat == 1:
         return rec
-    for f in (
-        "flops",
-        "bytes_read",
-        "bytes_weights",
-        "bytes_written",
-        "bytes_io",
-        "bytes_intermediate",
-        "fusion_saved_bytes",
-    ):
+    for f in _COST_FIELDS:
         setattr(rec, f, _mul(getattr(rec, f), repeat))
     return rec
 
@@ -753,16 +751,7 @@ def _fusion(counted: list[OpCost]) -> list[dict]:
 
 def _evaluate_record(r: OpCost, values: Mapping[str, int]) -> OpCost:
     out = replace(r)
-    for f in (
-        "flops",
-        "bytes_read",
-        "bytes_weights",
-        "bytes_written",
-        "bytes_io",
-        "bytes_intermediate",
-        "fusion_saved_bytes",
-        "repeat",
-    ):
+    for f in (*_COST_FIELDS, "repeat"):
         setattr(out, f, evaluate(getattr(r, f), values))
     out.gemms = tuple(tuple(evaluate(d, values) for d in g) for g in r.gemms)
     return out

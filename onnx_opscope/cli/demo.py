@@ -19,7 +19,7 @@ DEMO_MODEL = "transformer_block"
 REPO_MODELS = Path(__file__).resolve().parents[2] / "models"
 EPILOG = """examples:
   opscope demo                          # writes opscope-demo/
-  opscope demo -o /tmp/demo --batches 8
+  opscope demo -o demo-out --batches 8
 """
 
 
