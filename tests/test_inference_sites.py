@@ -395,3 +395,45 @@ def test_routing_findings_on_moe():
         pa.table(_table("moe", {"tokens": 64})), config=MineConfig(cold_share_max=0.0, hot_imbalance_min=10)
     )
     assert next(f for f in balanced if f.kind == "route").rule == "balanced_experts"
+
+
+def test_mine_names_and_validates_skip_candidates(tmp_path, capsys):
+    """`opscope mine --validate` skips each candidate on the recorded feeds; mine and report show the command."""
+    from onnx_opscope.cli import main
+    from onnx_opscope.findings import load_findings
+    from onnx_opscope.graph import save_model
+
+    model = save_model(zoo.build("transformer_tiny_lm"), tmp_path / "tiny.onnx")
+    table = tmp_path / "t.parquet"
+    assert (
+        main(["record", str(model), "--dim", "batch=2,seq=16", "--batches", "2", "-o", str(table), "-q"]) == 0
+    )
+    assert main(["mine", str(table), "--validate", "-o", str(tmp_path / "f.json")]) == 0
+    printed = capsys.readouterr().out
+    assert f"opscope rewrite skip {model} --blocks block2/mlp_residual -o skipped.onnx" in printed
+    findings = load_findings(tmp_path / "f.json")
+    weak = {f.site: f for f in findings if f.rule == "weak_residual_branch"}
+    assert set(weak) == {"block2/attn_residual", "block2/mlp_residual"}
+    for f in weak.values():  # the skip rewrite's own quality on the recorded feeds
+        v = f.validation
+        assert v["cosine"] > 0.999 and v["top1"] > 0.99 and v["passed"], (f.site, v)
+    assert all(f.validation is None for f in findings if f.rule == "strong_residual_branch")
+    assert (
+        main(["report", str(table), "--findings", str(tmp_path / "f.json"), "-o", str(tmp_path / "r.html")])
+        == 0
+    )
+    page = (tmp_path / "r.html").read_text()
+    assert "What to do about it" in page and "opscope rewrite skip" in page and "passed: cosine" in page
+
+
+def test_mine_validate_needs_the_recorded_model(tmp_path, capsys):
+    from onnx_opscope.cli import main
+
+    table = pa.table(_table("transformer_tiny_lm", {"batch": 2, "seq": 16}))
+    path = tmp_path / "t.parquet"
+    import pyarrow.parquet as pq
+
+    pq.write_table(table, path)
+    assert main(["mine", str(path), "--validate"]) == 2
+    err = capsys.readouterr().err
+    assert err.startswith("error: cannot validate skip candidates") and "Traceback" not in err
