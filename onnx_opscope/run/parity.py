@@ -220,15 +220,16 @@ def parity_providers(
     m = load_model(model)
     outputs = [o.name for o in m.graph.output]
     man = host = None
+    weights = _base_dir(model, base_dir)
     if layers:
         m, man = inject(m, selection or Selection(), list(LAYER_SKETCHES))
-        host = host_values(man, m, _base_dir(model, base_dir))  # the same weights on both sides
+        host = host_values(man, m, weights)  # the same weights on both sides
     cfgs = [RuntimeConfig(p, runtime.graph_opt, runtime.threads, False) for p in items]
     report = ParityReport(
         f"{_label(model)} on {items[0]}", items[1], tol, tol if layer_tol is None else layer_tol
     )
-    run_a, sess = _session_runner(m, cfgs[0], _base_dir(model, base_dir))
-    run_b, sess_b = _session_runner(m, cfgs[1], _base_dir(model, base_dir))
+    run_a, sess = _session_runner(m, cfgs[0], weights)
+    run_b, sess_b = _session_runner(m, cfgs[1], weights)
     report.runtime = {"a": cfgs[0].to_record(sess), "b": cfgs[1].to_record(sess_b)}
     return _compare(report, iter_feeds(model, feeds), run_a, run_b, man, man, outputs, host, host)
 
@@ -244,11 +245,12 @@ def validate_skips(
 
     What `findings.mine(table, skip_quality=...)` takes to validate its skip candidates.
     """
-    src = load_model(model)
+    src, weights = load_model(model), _base_dir(model, base_dir)
     out = {}
     for site in resolve_blocks(residual_sites(src), list(adds)):
         skipped = skip_blocks(src, [site.id]).model
-        rep = parity_models(src, skipped, feeds, runtime, layers=False,
-                            base_dir_a=_base_dir(model, base_dir), base_dir_b=_base_dir(model, base_dir))  # fmt: skip
+        rep = parity_models(
+            src, skipped, feeds, runtime, layers=False, base_dir_a=weights, base_dir_b=weights
+        )
         out[site.id] = rep.summary()
     return out
