@@ -225,7 +225,7 @@ def test_expose_carries_tensors_out_of_if_and_loop():
 def test_builder_reduce_and_minimum_at_old_and_new_opsets():
     """One call at every opset: axes as attribute or input, Min on int64 or Where."""
     x = np.arange(12, dtype=np.float32).reshape(3, 4)
-    for opset in (11, 13, 17, 18, 21):
+    for opset in (7, 8, 9, 10, 11, 13, 17, 18, 21):
         b = Builder(opset, Names({"x"}), "t_")
         s = b.reduce("ReduceSum", "x", [1], keepdims=0)
         mx = b.reduce("ReduceMax", "x", [0], keepdims=0)

@@ -17,10 +17,12 @@ from __future__ import annotations
 import functools
 
 import numpy as np
-from onnx import GraphProto, TypeProto, helper, numpy_helper
+from onnx import GraphProto, NodeProto, TensorProto, TypeProto, helper, numpy_helper
 
 from ..errors import OpscopeError
 from .index import ModelIndex, Names
+from .opset import constant_takes_any_type, if_merges_branch_shapes
+from .proto import DEFAULT_DOMAINS
 
 
 @functools.cache
@@ -54,21 +56,8 @@ def expose(index: ModelIndex, path: str, name: str, elem: int, rank: int, names:
             other_attr = "else_branch" if entry.attr == "then_branch" else "then_branch"
             other = next(a.g for a in owner.attribute if a.name == other_attr)
             dummy = names.fresh("opscope_x_not_run")
-            dtype = helper.tensor_dtype_to_np_dtype(elem)
-            r = rank + stacked
-            empty = (
-                np.full((), np.nan if dtype.kind == "f" else 0, dtype) if r == 0 else np.zeros([0] * r, dtype)
-            )
-            other.node.append(
-                helper.make_node(
-                    "Constant",
-                    [],
-                    [dummy],
-                    name=names.fresh("opscope_x_n_not_run"),
-                    value=numpy_helper.from_array(empty, dummy),
-                )
-            )
-            add_output(other, dummy, elem, r)
+            other.node.extend(_not_run(dummy, elem, rank + stacked, owner.input[0], _opset(index), names))
+            add_output(other, dummy, elem, rank + stacked)
         else:  # Loop or Scan: a scan output
             stacked += 1
             if owner.op_type == "Scan":
@@ -80,3 +69,49 @@ def expose(index: ModelIndex, path: str, name: str, elem: int, rank: int, names:
         name, path = new, entry.parent
     add_output(index.main.graph, name, elem, rank + stacked)
     return name, stacked
+
+
+def _opset(index: ModelIndex) -> int | None:
+    """The model's default-domain opset (None: the index is of a bare graph)."""
+    if index.model is None:
+        return None
+    return next((o.version for o in index.model.opset_import if o.domain in DEFAULT_DOMAINS), None)
+
+
+def _not_run(name: str, elem: int, rank: int, cond: str, opset: int | None, names: Names) -> list[NodeProto]:
+    """Nodes making `name`, what the branch not taken returns: an empty tensor (rank 0: NaN, or 0).
+
+    Before opset 9 a Constant holds floats only: another type is cast from float. Before opset
+    11, If wants the shapes its branches' outputs are known to have to agree (onnxruntime folds
+    Shape of a constant, too), so the empty tensor is reshaped to zeros made from the If's
+    condition `cond`, a value known only at run time: its dims are then unknown to inference.
+    """
+    dtype = helper.tensor_dtype_to_np_dtype(elem)
+    empty = (
+        np.full((), np.nan if dtype.kind == "f" else 0, dtype) if rank == 0 else np.zeros([0] * rank, dtype)
+    )
+    cast = dtype.kind != "f" and opset is not None and not constant_takes_any_type(opset)
+    hide = rank > 0 and opset is not None and not if_merges_branch_shapes(opset)
+    nodes: list[NodeProto] = []
+
+    def add(op: str, inputs: list[str], out: str | None = None, **attrs) -> str:
+        out = out or names.fresh(f"{name}_{op.lower()}")
+        nodes.append(
+            helper.make_node(op, inputs, [out], name=names.fresh(f"opscope_x_n_not_run_{op}"), **attrs)
+        )
+        return out
+
+    def constant(value: np.ndarray, out: str | None = None) -> str:
+        out = out or names.fresh(f"{name}_c")
+        return add("Constant", [], out, value=numpy_helper.from_array(value, out))
+
+    if not cast and not hide:
+        constant(empty, name)
+        return nodes
+    value = constant(empty.astype(np.float32)) if cast else constant(empty)
+    if cast:
+        value = add("Cast", [value], None if hide else name, to=elem)
+    if hide:
+        zeros = add("Mul", [add("Cast", [cond], to=TensorProto.FLOAT), constant(np.zeros(rank, np.float32))])
+        add("Reshape", [value, add("Cast", [zeros], to=TensorProto.INT64)], name)
+    return nodes

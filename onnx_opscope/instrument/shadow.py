@@ -84,8 +84,8 @@ def _scaled(b: Builder, scores: str, qh: str, scale: float | None) -> str:
 def _causal(b: Builder, scores: str, fill: float, window: int = 0) -> str:
     """Mask key j for query i when j > i + (T - S) (bottom-right aligned), or j <= i + (T - S) - window."""
     s, t = b.dim(scores, -2), b.dim(scores, -1)
-    i = b.op("Reshape", [b.op("Range", [b.i64(0), s, b.i64(1)]), b.i64([-1, 1])])
-    j = b.op("Reshape", [b.op("Range", [b.i64(0), t, b.i64(1)]), b.i64([1, -1])])
+    i = b.op("Reshape", [b.arange(s), b.i64([-1, 1])])
+    j = b.op("Reshape", [b.arange(t), b.i64([1, -1])])
     frontier = b.op("Add", [i, b.op("Sub", [t, s])])
     masked = b.op("Greater", [j, frontier])
     if window > 0:
@@ -129,7 +129,7 @@ def _contrib_attention(b: Builder, node: NodeProto, type_of) -> str:
         rank = type_of(mask)[1]
         if rank == 1:  # end position of each sequence (right padding)
             t = b.dim(scores, -1)
-            pos = b.op("Reshape", [b.op("Range", [b.i64(0), t, b.i64(1)]), b.i64([1, -1])])
+            pos = b.op("Reshape", [b.arange(t), b.i64([1, -1])])
             lens = b.op("Reshape", [b.cast(mask, TensorProto.INT64), b.i64([-1, 1])])
             keep = b.op("Reshape", [b.op("Less", [pos, lens]), b.i64([0, 1, 1, -1])])
         elif rank == 3:  # [B, S, T]
@@ -189,7 +189,7 @@ def _group_query_attention(b: Builder, node: NodeProto) -> str:
     scores = _causal(b, scores, -np.inf, max(0, int(_attr(node, "local_window_size", -1))))
     if _input(node, 5):  # seqlens_k[b] = valid length - 1: later keys are padding
         t = b.dim(scores, -1)
-        pos = b.op("Reshape", [b.op("Range", [b.i64(0), t, b.i64(1)]), b.i64([1, -1])])
+        pos = b.op("Reshape", [b.arange(t), b.i64([1, -1])])
         last = b.op("Reshape", [b.cast(node.input[5], TensorProto.INT64), b.i64([-1, 1])])
         keep = b.op("Reshape", [b.op("Not", [b.op("Greater", [pos, last])]), b.i64([0, 1, 1, -1])])
         scores = _keep_mask(b, scores, keep, -np.inf)
@@ -204,6 +204,8 @@ def _onnx_attention(b: Builder, node: NodeProto, type_of) -> str:
     kh = _heads(b, k, _attr(node, "kv_num_heads")) if three_d else k
     if _input(node, 4):
         kh = b.op("Concat", [node.input[4], kh], axis=2)
+    if type_of(q)[0] not in (TensorProto.FLOAT, TensorProto.UNDEFINED):  # fp16 / bf16: the shadow is float32
+        qh, kh = b.cast(qh, TensorProto.FLOAT), b.cast(kh, TensorProto.FLOAT)
     scores = _softcap(b, _scaled(b, _qk(b, qh, kh), qh, _attr(node, "scale")), _attr(node, "softcap"))
     mask = _input(node, 3)
     if mask:

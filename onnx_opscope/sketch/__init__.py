@@ -13,6 +13,11 @@ context for what it shares and returns its raw outputs by name, a finalize over 
 a reference from the definition, a merge from `merge`, a tolerance), add it to `REGISTRY`
 below, and give it a test against its reference on real tensors (tests/test_sketches.py
 does that for every registered sketch). Opt-in sketches stay out of DEFAULT_SKETCHES.
+
+Every sketch is built at the tapped model's own opset, 7 and up: a builder reaches the ops
+that changed across opsets only through the `graph.build.Builder` helpers (`b.where`,
+`b.isnan`, `b.isinf`, `b.nonfinite`, `b.arange`, `b.clip`, `b.slice`, `b.reduce`, ...), never
+by testing an opset itself (tests/test_old_opsets.py checks each sketch at opsets 7 to 10).
 """
 
 from __future__ import annotations
@@ -28,7 +33,7 @@ from .channels import CHAN_MAXABS, CHAN_OUTLIER
 from .histogram import ELEMSIG, HIST, sample_positions
 from .merge import Derived, Merge
 from .moments import INF_COUNT, KURTOSIS, L1, MAX, MEAN, MIN, NAN_COUNT, NNZ, SUMSQ
-from .options import HIST_MODES, SketchOptions, TapInfo, for_providers
+from .options import HIST_MODES, SketchOptions, TapInfo, for_opset, for_providers
 from .routing import ROUTE_LOAD
 from .rows import ADJ_SUMSQ, POS_SUMSQ
 from .tap import build_tap, raw_dtype, raw_rank
@@ -169,6 +174,7 @@ __all__ = [
     "build_tap",
     "describe",
     "finalize",
+    "for_opset",
     "for_providers",
     "merge_parts",
     "raw_dtype",

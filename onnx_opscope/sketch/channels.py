@@ -22,7 +22,7 @@ def _build_chan_abs(c: TapContext) -> dict[str, str]:
         ch = c.axes()[0]
         absx = b.op("Abs", [c.xs])
         if c.slow:  # no finite value in a channel: -1, read back as NaN
-            absx = b.op("Where", [c.bad, b.const(-1.0), absx])
+            absx = b.where(c.bad, b.const(-1.0), absx)
         rank = c.info.rank
         keep = [a for a in range(rank) if a != ch]
         if not keep:

@@ -119,8 +119,7 @@ class TapContext:
         """The If's condition and what both branches share: the row view, Σx² and, with `uses_rows`, Σx² per row."""
         b, x, info = self.b, self.x, self.info
         if info.as_rows:
-            last = b.op("Slice", [b.op("Shape", [x]), b.i64([-1]), b.i64([np.iinfo(np.int64).max])])
-            x = b.op("Reshape", [x, b.op("Concat", [b.i64([-1]), last], axis=0)], "rows")
+            x = b.rows(x, "rows")
             info = TapInfo(2, F, 1, 0)
         axes = info.axes()
         rows = None
@@ -129,7 +128,7 @@ class TapContext:
             check = b.reduce("ReduceSum", rows, hint="sumsq")
         else:
             check = b.reduce("ReduceSumSquare", x, hint="sumsq")
-        bad = b.op("IsNaN", [b.op("Sub", [check, check])], "has_nonfinite")
+        bad = b.nonfinite(check, "has_nonfinite")
         return Split(self, x, info, check, rows, bad)
 
     # --- finite pieces (inside a branch) -------------------------------------------------------
@@ -146,7 +145,7 @@ class TapContext:
         self._branch("bad")
         if not self.slow:
             return None
-        return self.memo("bad", lambda: self.b.op("IsNaN", [self.b.op("Sub", [self.x, self.x])], "nonfinite"))
+        return self.memo("bad", lambda: self.b.nonfinite(self.x, "nonfinite"))
 
     @property
     def xs(self) -> str:
@@ -154,38 +153,34 @@ class TapContext:
         self._branch("xs")
         if not self.slow:
             return self.x
-        return self.memo("xs", lambda: self.b.op("Where", [self.bad, self.b.const(0.0), self.x], "finite_x"))
+        return self.memo("xs", lambda: self.b.where(self.bad, self.b.const(0.0), self.x))
 
     @property
     def nan(self) -> str:
         self._branch("nan")
         if not self.slow:
             return self.memo("nan", lambda: self.b.const(0.0))
-        return self.memo(
-            "nan", lambda: self.b.reduce("ReduceSum", self.b.cast(self.b.op("IsNaN", [self.x]), F))
-        )
+        return self.memo("nan", lambda: self.b.reduce("ReduceSum", self.b.cast(self.b.isnan(self.x), F)))
 
     @property
     def inf(self) -> str:
         self._branch("inf")
         if not self.slow:  # its own tensor: one name cannot be two outputs of a branch
             return self.memo("inf", lambda: self.b.op("Identity", [self.nan]))
-        return self.memo(
-            "inf", lambda: self.b.reduce("ReduceSum", self.b.cast(self.b.op("IsInf", [self.x]), F))
-        )
+        return self.memo("inf", lambda: self.b.reduce("ReduceSum", self.b.cast(self.b.isinf(self.x), F)))
 
     @property
     def min(self) -> str:
         self._branch("min")
         b = self.b
-        lo = (lambda: b.op("Where", [self.bad, b.const(np.inf), self.x])) if self.slow else (lambda: self.x)
+        lo = (lambda: b.where(self.bad, b.const(np.inf), self.x)) if self.slow else (lambda: self.x)
         return self.memo("min", lambda: b.reduce("ReduceMin", lo(), hint="min"))
 
     @property
     def max(self) -> str:
         self._branch("max")
         b = self.b
-        hi = (lambda: b.op("Where", [self.bad, b.const(-np.inf), self.x])) if self.slow else (lambda: self.x)
+        hi = (lambda: b.where(self.bad, b.const(-np.inf), self.x)) if self.slow else (lambda: self.x)
         return self.memo("max", lambda: b.reduce("ReduceMax", hi(), hint="max"))
 
     @property
@@ -195,7 +190,7 @@ class TapContext:
         def make() -> str:
             b = self.b
             absmax = b.op("Max", [b.op("Abs", [self.min]), b.op("Abs", [self.max])])
-            absmax = b.op("Where", [b.op("IsInf", [absmax]), b.const(0.0), absmax])
+            absmax = b.where(b.isinf(absmax), b.const(0.0), absmax)
             return b.op("Add", [absmax, b.const(EPS_SCALE)], "scale")
 
         self._branch("scale")
@@ -295,15 +290,21 @@ def _as_float(b: Builder, x: str, elem_type: int) -> str:
 
 
 def _block_samples(b: Builder, flat: str, n: str, o: SketchOptions) -> str:
-    """The elements at `sample_positions` (sketch.histogram): rows of x viewed as [n/g, g], gathered."""
+    """The elements at `sample_positions` (sketch.histogram): rows of x viewed as [n/g, g], gathered.
+
+    Integer arithmetic only, no Mod or integer Less, so it reads the same at every opset:
+    16 divides n when (n / 16) * 16 == n, and k < rows (k <= rows always) when k != rows.
+    """
+    i64 = TensorProto.INT64
     blk = SAMPLE_BLOCK
-    g = b.op("Where", [b.op("Equal", [b.op("Mod", [n, b.i64(blk)]), b.i64(0)]), b.i64(blk), b.i64(1)])
+    divides = b.op("Equal", [b.op("Mul", [b.op("Div", [n, b.i64(blk)]), b.i64(blk)]), n])
+    g = b.where(divides, b.i64(blk), b.i64(1), i64)
     rows = b.op("Div", [n, g])
     k = b.minimum(rows, b.op("Div", [b.op("Add", [b.i64(o.sample_size - 1), g]), g]))
-    j = b.op("Range", [b.i64(0), k, b.i64(1)])
+    j = b.arange(k, bound=o.sample_size)
     u = b.op("Mul", [b.cast(j, TensorProto.DOUBLE), b.const(GOLDEN, np.float64)])
     frac = b.op("Sub", [u, b.op("Floor", [u])])
     at = b.op("Floor", [b.op("Mul", [frac, b.cast(rows, TensorProto.DOUBLE)])])
-    idx = b.op("Where", [b.op("Less", [k, rows]), b.cast(at, TensorProto.INT64), j])
+    idx = b.where(b.op("Not", [b.op("Equal", [k, rows])]), b.cast(at, i64), j, i64)
     view = b.op("Reshape", [flat, b.op("Concat", [b.i64([-1]), b.op("Reshape", [g, b.i64([1])])], axis=0)])
     return b.flat(b.op("Gather", [view, idx], axis=0), "samples")

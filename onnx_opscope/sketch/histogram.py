@@ -8,7 +8,8 @@
   median total-variation distance of 0.021 of the exact histogram over 418 real tensors.
 - exact: every element, binned in the graph and counted there (ScatterElements add from
   opset 16, Unique's counts before), or binned in the graph as one-byte indices that the
-  host counts with np.bincount (`exact_counts="host"`, what `for_providers` picks on CPU).
+  host counts with np.bincount (`exact_counts="host"`, what `for_providers` picks on CPU,
+  and `for_opset` below opset 11, where neither counting op exists).
 - host: the tensor copied out whole and binned in numpy.
 
 `elemsig` is k = min(16, m) of the m sampled values, evenly spaced in the sample: a
@@ -97,7 +98,7 @@ def _bins(c: TapContext) -> tuple[str, str | None]:
     if c.bad is not None:
         ok = b.op("Not", [c.bad])
         valid = ok if valid is None else b.op("And", [valid, ok])
-    return b.op("Clip", [t, b.const(0.0), b.const(float(bins - 1))]), valid
+    return b.clip(t, 0.0, float(bins - 1)), valid
 
 
 def _count_bins(b: Builder, t: str, valid: str | None, o: SketchOptions) -> str:
@@ -105,15 +106,16 @@ def _count_bins(b: Builder, t: str, valid: str | None, o: SketchOptions) -> str:
 
     Unique (opset 11) sorts, so it costs ~8x a scatter-add on CPU, but a bins-wide one-hot
     compare was ~70x plain inference on a BERT-like model. Masked elements go to an extra
-    overflow bin that is sliced off.
+    overflow bin that is sliced off. Below opset 11 there is neither: `for_opset` has the host
+    count the graph's bin indices instead (exact_counts="host").
     """
     F = TensorProto.FLOAT
     bins = o.hist_bins
     idx = b.flat(b.cast(t, TensorProto.INT64))
     if not scatter_add_available(b.opset):
         if valid is not None:
-            idx = b.op("Where", [b.flat(valid), idx, b.i64(bins)])
-        values, _, _, counts = b.ops("Unique", [idx], 4, "unique", sorted=1)
+            idx = b.where(b.flat(valid), idx, b.i64(bins), TensorProto.INT64)
+        values, counts = b.unique_counts(idx)
         hist = b.op(
             "ScatterElements", [b.const(np.zeros(bins + 1, np.float32)), values, b.cast(counts, F)], axis=0
         )
@@ -135,7 +137,7 @@ def _build_hist(c: TapContext) -> dict[str, str]:
         t, valid = _bins(c)
         if o.exact_counts == "host":
             if valid is not None:  # masked or out-of-range values go to an extra bin, dropped on the host
-                t = c.b.op("Where", [valid, t, c.b.const(float(o.hist_bins))])
+                t = c.b.where(valid, t, c.b.const(float(o.hist_bins)))
             out["hidx"] = c.b.flat(c.b.cast(t, index_dtype(o)))
         else:
             out["hist"] = _count_bins(c.b, t, valid, o)

@@ -127,7 +127,7 @@ def _build_kurtosis(c: TapContext) -> dict[str, str]:
     b = c.b
     mean = b.op("Div", [c.ysum, c.n_finite])
     if c.slow:
-        d = b.op("Where", [c.bad, b.const(0.0), b.op("Sub", [c.y, mean])])
+        d = b.where(c.bad, b.const(0.0), b.op("Sub", [c.y, mean]))
     else:
         d = b.op("Div", [b.op("Sub", [c.x, mean]), c.scale])
     d2 = b.op("Mul", [d, d])

@@ -6,6 +6,8 @@ from dataclasses import dataclass, replace
 
 from onnx import TensorProto
 
+from ..graph.opset import has_op
+
 HIST_MODES = ("sampled", "exact", "host")
 
 
@@ -52,6 +54,14 @@ def for_providers(o: SketchOptions, providers: list[str]) -> SketchOptions:
     CPU provider runs everything (bert_like: 14.8x plain in the graph, see BENCHMARKS.md)."""
     cpu_only = all(p == "CPUExecutionProvider" for p in providers)
     if o.hist_mode == "exact" and cpu_only and o.exact_counts == "graph":
+        return replace(o, exact_counts="host")
+    return o
+
+
+def for_opset(o: SketchOptions, opset: int) -> SketchOptions:
+    """`o` as the taps can be built at `opset`: exact histograms are counted on the host (from the
+    graph's bin indices, the same counts) where neither ScatterElements nor Unique exists (< 11)."""
+    if o.hist_mode == "exact" and o.exact_counts == "graph" and not has_op("Unique", opset):
         return replace(o, exact_counts="host")
     return o
 

@@ -12,15 +12,21 @@ from .options import SketchOptions, TapInfo
 
 
 def _build_load(c: TapContext) -> dict[str, str]:
-    """Counts of each expert id: one-hot against 0..E-1 (E = max id + 1 when not static), summed."""
+    """Counts of each expert id: one-hot against 0..E-1 (E = max id + 1 when not static), summed.
+
+    The ids (int64 indices, read as float32 by the tap) are compared as int64: Equal takes
+    floats only from opset 11, int64 at every opset.
+    """
     b = c.b
+    i64 = TensorProto.INT64
     flat = b.flat(c.x)
     if c.info.bins:
-        bins = b.const(np.arange(c.info.bins, dtype=np.float32))
+        bins = b.i64(np.arange(c.info.bins))
     else:
         top = b.reduce("ReduceMax", b.op("Concat", [flat, b.const([-1.0])], axis=0), keepdims=0)
-        bins = b.op("Range", [b.const(0.0), b.op("Add", [top, b.const(1.0)]), b.const(1.0)])
-    onehot = b.cast(b.op("Equal", [b.op("Reshape", [flat, b.i64([-1, 1])]), bins]), TensorProto.FLOAT)
+        bins = b.arange(b.cast(b.op("Add", [top, b.const(1.0)]), i64))
+    ids = b.cast(b.op("Reshape", [flat, b.i64([-1, 1])]), i64)
+    onehot = b.cast(b.op("Equal", [ids, bins]), TensorProto.FLOAT)
     return {"route_load": b.reduce("ReduceSum", onehot, [0], keepdims=0, hint="route_load")}
 
 
