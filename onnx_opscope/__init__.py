@@ -5,7 +5,7 @@ The public API: each function is one call for what its `opscope` command does.
     analyze(model)                     static per-op cost, roofline, roll-ups      (opscope analyze)
     inject(model, sites, sketches)     instrumented model + manifest               (opscope inject)
     record(model, out=..., feeds=...)  run batches, write the sketch table         (opscope record)
-    read_table(path)                   a sketch table, also a killed run's parts
+    read_table(path)                   a sketch table: a folder of parts, a killed run's too
     mine(table)                        findings: signals, rules, plan              (opscope mine)
     report(table, out_path)            Markdown / HTML report with plots           (opscope report)
     parity(a, b) / parity(a, providers=...)  outputs and first diverging layer     (opscope parity)

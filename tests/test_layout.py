@@ -16,6 +16,7 @@ import onnx_opscope
 PACKAGE = Path(onnx_opscope.__file__).parent
 LAYERS = [
     "errors",
+    "files",
     "graph",
     "shapes",
     "sites",

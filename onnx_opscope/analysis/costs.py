@@ -38,8 +38,9 @@ import numpy as np
 from onnx import ModelProto, NodeProto
 
 from ..errors import OpscopeError
+from ..files import atomic_path
 from ..graph.index import GraphEntry, ModelIndex
-from ..graph.io import ModelLike, load_model
+from ..graph.io import ModelLike, file_sha256, load_model, model_sha256
 from ..graph.proto import attr as get_attr
 from ..shapes import Dim, ShapeTable, dtype_size, infer_shapes
 from ..shapes.symbolic import Dimlike, Poly, evaluate, free_symbols, prod, to_number, to_text
@@ -102,6 +103,7 @@ class Report:
     boundedness: dict = field(default_factory=dict)
     fusion: list[dict] = field(default_factory=list)
     unmodelled: dict[str, int] = field(default_factory=dict)
+    model_sha256: str = ""  # of the model file (of the serialised proto when analyzed in memory)
 
     @property
     def ridge(self) -> float:
@@ -125,6 +127,9 @@ class Report:
 
         rows = self.to_records()
         table = pa.Table.from_pylist(rows, schema=_arrow_schema()) if rows else _arrow_schema().empty_table()
+        # every row names the model it prices, so a CSV (which keeps no metadata) still says it
+        sha = pa.array([self.model_sha256] * table.num_rows, pa.string())
+        table = table.append_column("model_sha256", sha)
         meta = {b"opscope.rollups": json.dumps(self.rollups_dict(), default=_json_default).encode()}
         return table.replace_schema_metadata(meta)
 
@@ -147,6 +152,7 @@ class Report:
         """Everything as one JSON-ready dict: model, device, records and roll-ups."""
         return {
             "model": self.model,
+            "model_sha256": self.model_sha256,
             "device": {
                 "name": self.device.name,
                 "peak_flops": self.device.peak_flops,
@@ -166,22 +172,22 @@ class Report:
         return json.dumps(self.to_dict(), indent=indent, default=_json_default)
 
     def write(self, path: str | os.PathLike, fmt: str | None = None) -> Path:
-        """Save as json, csv or parquet (chosen by `fmt` or the file suffix)."""
+        """Save as json, csv or parquet (chosen by `fmt` or the file suffix), whole or not at all."""
         out = Path(path)
         fmt = (fmt or out.suffix.lstrip(".") or "json").lower()
-        out.parent.mkdir(parents=True, exist_ok=True)
-        if fmt == "json":
-            out.write_text(self.to_json(indent=1))
-        elif fmt == "csv":
-            import pyarrow.csv as pacsv
-
-            pacsv.write_csv(self.to_arrow(), str(out))
-        elif fmt == "parquet":
-            import pyarrow.parquet as pq
-
-            pq.write_table(self.to_arrow(), str(out))
-        else:
+        if fmt not in ("json", "csv", "parquet"):
             raise OpscopeError(f"unknown output format {fmt!r}", hint="use json, csv or parquet")
+        with atomic_path(out) as tmp:
+            if fmt == "json":
+                tmp.write_text(self.to_json(indent=1))
+            elif fmt == "csv":
+                import pyarrow.csv as pacsv
+
+                pacsv.write_csv(self.to_arrow(), str(tmp))
+            else:
+                import pyarrow.parquet as pq
+
+                pq.write_table(self.to_arrow(), str(tmp))
         return out
 
 
@@ -224,6 +230,7 @@ def analyze(
         notes=walker.notes,
         weights_unique_bytes=wbytes,
         params=params,
+        model_sha256=model_sha256(proto) if isinstance(model, ModelProto) else file_sha256(model),
     )
     if profile:
         from .profile import profile_ops  # runs the model: onnxruntime is imported only when asked

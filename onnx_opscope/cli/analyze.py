@@ -7,6 +7,7 @@ import sys
 
 from ..analysis import DEVICES, analyze
 from ..errors import OpscopeError
+from ..files import atomic_path, check_writable
 from .options import add_output_argument, add_quiet_argument, add_shape_arguments, shapes_from_args
 
 FORMATS = ("table", "json", "csv", "parquet")
@@ -55,6 +56,8 @@ def add_parser(subparsers) -> argparse.ArgumentParser:
 def run(args: argparse.Namespace) -> int:
     if args.format == "parquet" and not args.output:
         raise OpscopeError("--format parquet needs -o FILE")
+    if args.output:
+        check_writable(args.output, inputs=[args.model])
     shapes, dims = shapes_from_args(args, symbols=True)
     report = analyze(
         args.model,
@@ -70,7 +73,7 @@ def run(args: argparse.Namespace) -> int:
         from ..analysis.table import print_report
 
         if args.output:
-            with open(args.output, "w") as f:
+            with atomic_path(args.output) as tmp, open(tmp, "w") as f:
                 print_report(report, top=args.top, file=f)
         elif not args.quiet:
             print_report(report, top=args.top)

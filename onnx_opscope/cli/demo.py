@@ -9,10 +9,12 @@ from rich.console import Console
 
 from ..analysis import analyze
 from ..analysis.table import print_report
-from ..findings import mine, print_findings, save_findings
+from ..files import atomic_path, check_writable, writing
+from ..findings import findings_source, mine, print_findings, save_findings
 from ..graph.io import save_model
 from ..reporting import report
 from ..run import FeedSpec, RuntimeConfig, record
+from ..run.table import is_table_folder
 from .options import add_output_argument, add_quiet_argument
 
 DEMO_MODEL = "transformer_block"
@@ -52,7 +54,10 @@ def demo_model(out_dir: Path) -> Path:
 def run(args: argparse.Namespace) -> int:
     console = Console(quiet=args.quiet)
     out_dir = args.output
-    out_dir.mkdir(parents=True, exist_ok=True)
+    for name in ("costs.json", "sketches.parquet", "findings.json", "report.html"):  # before any work
+        check_writable(out_dir / name, replaces=is_table_folder)
+    with writing(out_dir):
+        out_dir.mkdir(parents=True, exist_ok=True)
     model = demo_model(out_dir)
     console.rule(f"[bold]onnx-opscope demo[/] on {model.name}")
     dims = {"batch": 2, "seq": 32}
@@ -74,7 +79,8 @@ def run(args: argparse.Namespace) -> int:
         f"batches in {result.seconds:.1f}s (inputs with outlier channels), parity ok"
     )
     findings = mine(result.table, costs=costs)
-    save_findings(findings, out_dir / "findings.json")
+    with atomic_path(out_dir / "findings.json") as tmp:
+        save_findings(findings, tmp, source=findings_source(result.table, findings))
     console.print("[bold]mine[/]: what the sketches say, best first")
     if not args.quiet:
         print_findings(findings, top=10)

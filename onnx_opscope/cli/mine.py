@@ -4,7 +4,16 @@ from __future__ import annotations
 
 import argparse
 
-from ..findings import config_with, describe, mine, print_findings, save_findings, unchecked_rules
+from ..files import atomic_path, check_writable
+from ..findings import (
+    config_with,
+    describe,
+    findings_source,
+    mine,
+    print_findings,
+    save_findings,
+    unchecked_rules,
+)
 from .options import add_output_argument, add_quiet_argument
 
 EPILOG = """examples:
@@ -51,6 +60,8 @@ def add_parser(subparsers) -> argparse.ArgumentParser:
 
 
 def run(args: argparse.Namespace) -> int:
+    if args.output:
+        check_writable(args.output, inputs=[args.table, args.costs])
     config = config_with(overrides=args.set)
     findings = mine(args.table, args.costs, config, measure=args.measure, validate=args.validate)
     if not args.quiet:
@@ -63,7 +74,8 @@ def run(args: argparse.Namespace) -> int:
                 "record with --sketch all (or name them) to check these rules"
             )
     if args.output:
-        out = save_findings(findings, args.output, config)
+        with atomic_path(args.output) as tmp:
+            save_findings(findings, tmp, config, findings_source(args.table, findings))
         if not args.quiet:
-            print(f"wrote {out}")
+            print(f"wrote {args.output}")
     return 0

@@ -10,6 +10,7 @@ import argparse
 from pathlib import Path
 
 from ..compare import DEFAULT_TOL
+from ..files import check_writable, write_text
 from ..run import parity
 from .options import (
     add_feed_arguments,
@@ -68,6 +69,8 @@ def add_parser(subparsers) -> argparse.ArgumentParser:
 
 
 def run(args: argparse.Namespace) -> int:
+    if args.output:
+        check_writable(args.output, inputs=[args.model, args.other])
     report = parity(
         args.model,
         args.other,
@@ -82,5 +85,5 @@ def run(args: argparse.Namespace) -> int:
     if not args.quiet:
         print(report.format())
     if args.output:
-        args.output.write_text(report.to_json())
+        write_text(args.output, report.to_json())
     return 0 if report.passed else 1

@@ -26,7 +26,6 @@ from .options import (
     add_runtime_arguments,
     add_tap_arguments,
     feed_spec_from_args,
-    one_line_warnings,
     runtime_config_from_args,
     selection_from_args,
     sketch_epilog,
@@ -35,7 +34,8 @@ from .options import (
 )
 
 EPILOG = """\
-exit codes: 0 done, 2 bad input (file, option, feed, provider), 3 parity gate failed, 130 interrupted.
+exit codes: 0 done, 2 bad input (file, option, feed, provider, unwritable output), 3 parity gate
+failed, 130 interrupted (Ctrl-C or kill: the finished batches are kept, and run.json says so).
 
 examples:
   opscope record model.onnx -o run.parquet
@@ -45,8 +45,11 @@ examples:
   opscope record model.onnx --data batches/ -o real.parquet      # .npz / .npy / test_data_set_*
 
 The table is tidy (one row per sketch element): run_id, step, provider, dist, M, K, N, numel,
-site, op_type, role, stat, idx, value.  pandas.read_parquet(path) reads it directly; so does
-`onnx_opscope.read_table`, also for the `<out>.parts/` folder a killed run leaves.
+site, op_type, role, stat, idx, value.  A .parquet table is a folder of one part per batch
+(plus _SUCCESS when the run finished), readable at any moment, a killed run's too:
+pandas.read_parquet(path), polars.read_parquet(path), DuckDB read_parquet('path/*.parquet'),
+onnx_opscope.read_table(path). A run that fails before its first batch leaves an earlier table
+at the path as it was.
 """
 
 
@@ -94,7 +97,7 @@ def parse_tol(text: str | None) -> tuple[float, float] | None:
 
 
 def _sigterm_as_interrupt() -> None:
-    """A `kill` (SIGTERM) ends the run like Ctrl-C, so finished batches are merged into the table."""
+    """A `kill` (SIGTERM) ends the run like Ctrl-C: it says what it kept, and run.json that it was interrupted."""
 
     def handler(signum, frame):
         raise KeyboardInterrupt
@@ -103,7 +106,6 @@ def _sigterm_as_interrupt() -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    one_line_warnings()
     _sigterm_as_interrupt()
     runtime = runtime_config_from_args(args)
     feeds = feed_spec_from_args(args)

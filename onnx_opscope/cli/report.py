@@ -5,6 +5,7 @@ from __future__ import annotations
 import argparse
 from pathlib import Path
 
+from ..files import check_writable
 from ..findings import config_with
 from ..reporting import report
 from .mine import set_epilog
@@ -43,6 +44,7 @@ def add_parser(subparsers) -> argparse.ArgumentParser:
 
 
 def run(args: argparse.Namespace) -> int:
+    check_writable(args.output, inputs=[args.table, args.findings, args.costs])
     path = report(
         args.table,
         args.output,

@@ -10,6 +10,7 @@ import argparse
 from pathlib import Path
 
 from ..errors import OpscopeError
+from ..files import check_writable
 from ..run import write_rewrite
 from ..transform import QUANT_MODES, Rewritten, fake_quant, residual_sites, skip_blocks
 from .options import (
@@ -114,6 +115,7 @@ def run(args: argparse.Namespace) -> int:
         return 0
     if args.output is None:
         raise OpscopeError("-o OUT is required: where to write the rewritten model")
+    check_writable(args.output, inputs=[args.model])  # before the rewrite and its quality runs
     if args.transform == "skip":
         blocks = [b for item in args.blocks for b in item.split(",") if b.strip()]
         if not blocks:

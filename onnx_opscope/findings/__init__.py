@@ -6,11 +6,13 @@
   residual blocks), thresholds in `config.MineConfig`;
 - `miner`: `mine`, one `finding.Finding` per (run, site, role), ranked;
 - `plan`: estimated and measured speed-ups, FLOP share and savings;
-- `finding` (JSON) and `show` (terminal): the findings written out.
+- `finding` (JSON) and `show` (terminal): the findings written out;
+- `identity`: what findings and costs came from, checked against the table they are used with.
 """
 
 from .config import MineConfig, config_with, describe
-from .finding import FORMAT, Finding, Temporal, findings_to_dict, load_findings, save_findings
+from .finding import FORMAT, Finding, Temporal, findings_to_dict, load_findings, read_findings, save_findings
+from .identity import SourceWarning, check_costs, check_findings, findings_source
 from .miner import finding_for, mine, mine_series, rank
 from .plan import Costs, load_costs
 from .rules import DENSE, RULE_SKETCHES, RULES, unchecked_rules
@@ -24,15 +26,19 @@ __all__ = [
     "RULES",
     "RULE_SKETCHES",
     "SIGNALS",
+    "SourceWarning",
     "Costs",
     "Finding",
     "MineConfig",
     "Series",
     "Temporal",
+    "check_costs",
+    "check_findings",
     "collect",
     "config_with",
     "describe",
     "finding_for",
+    "findings_source",
     "findings_to_dict",
     "hist_gaps",
     "load_costs",
@@ -41,6 +47,7 @@ __all__ = [
     "mine_series",
     "print_findings",
     "rank",
+    "read_findings",
     "read_sketch_table",
     "rel_dist",
     "save_findings",

@@ -2,8 +2,9 @@
 
 Every rule of every site kind (the cascade over gemm operands, attention concentration,
 expert load, residual-block influence) produces a `Finding`; `save_findings` writes them as
-`{"format": "onnx-opscope/findings", "version": 1, "config": ..., "findings": [...]}` with
-non-finite numbers as null, `load_findings` reads them back.
+`{"format": "onnx-opscope/findings", "version": 1, "config": ..., "source": ..., "findings": [...]}`
+with non-finite numbers as null, `load_findings` reads them back. `source` names the table,
+runs and model (sha256) they were mined from, so `report` can refuse another table's findings.
 """
 
 from __future__ import annotations
@@ -11,7 +12,7 @@ from __future__ import annotations
 import json
 import math
 import os
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import asdict, dataclass, fields
 from pathlib import Path
 from typing import Any
@@ -101,27 +102,40 @@ def _clean(x: Any) -> Any:
     return x
 
 
-def findings_to_dict(findings: Sequence[Finding], config: MineConfig | None = None) -> dict:
+def findings_to_dict(
+    findings: Sequence[Finding], config: MineConfig | None = None, source: Mapping[str, Any] | None = None
+) -> dict:
+    """The JSON form; `source` (the table's name, run ids, model and its sha256, see
+    `identity.findings_source`) says what the findings were mined from: the run ids default to the findings'."""
     return {
         "format": FORMAT,
         "version": VERSION,
         "config": asdict(config or MineConfig()),
+        "source": {"run_ids": sorted({f.run_id for f in findings}), **(source or {})},
         "findings": [_clean(asdict(f)) for f in findings],
     }
 
 
 def save_findings(
-    findings: Sequence[Finding], path: str | os.PathLike, config: MineConfig | None = None
+    findings: Sequence[Finding],
+    path: str | os.PathLike,
+    config: MineConfig | None = None,
+    source: Mapping[str, Any] | None = None,
 ) -> Path:
-    """Write the findings as JSON (non-finite numbers become null)."""
+    """Write the findings as JSON (non-finite numbers become null), with what they were mined from."""
     p = Path(path)
     p.parent.mkdir(parents=True, exist_ok=True)
-    p.write_text(json.dumps(findings_to_dict(findings, config), indent=1, allow_nan=False))
+    p.write_text(json.dumps(findings_to_dict(findings, config, source), indent=1, allow_nan=False))
     return p
 
 
 def load_findings(path: str | os.PathLike) -> list[Finding]:
     """Read findings saved by `save_findings`; a wrong file is an OpscopeError."""
+    return read_findings(path)[0]
+
+
+def read_findings(path: str | os.PathLike) -> tuple[list[Finding], dict | None]:
+    """The findings of a saved file and its `source` block (None in files written before it existed)."""
     p = Path(path)
     try:
         d = json.loads(p.read_text())
@@ -146,4 +160,5 @@ def load_findings(path: str | os.PathLike) -> list[Finding]:
             out.append(Finding(**item))
     except (KeyError, TypeError) as exc:
         raise OpscopeError(f"{p}: malformed findings ({exc})") from None
-    return out
+    source = d.get("source")
+    return out, source if isinstance(source, dict) else None

@@ -24,6 +24,7 @@ from ..run.parity import validate_skips
 from ..run.table import sidecar_paths
 from .config import MineConfig
 from .finding import Finding, Temporal
+from .identity import check_costs
 from .inference import KIND_OF_ROLE, attention_finding, residual_finding, routing_finding
 from .plan import Costs, annotate, load_costs
 from .rules import DENSE, DENSE_NOTE, TEMPORAL_RULES, fire, fmt_num
@@ -125,11 +126,11 @@ def mine(
     model = model or run.get("model") or "MODEL"
     series = collect(t)
     cfg = config or MineConfig()
+    cost_info = load_costs(costs, path)
+    check_costs(cost_info, path)  # FLOP shares of another model would be wrong everywhere
     if validate and skip_quality is None:
         skip_quality = validated_skips(series, cfg, model, run)
-    return mine_series(
-        series, load_costs(costs, path), cfg, measure=measure, skip_quality=skip_quality, model=model
-    )
+    return mine_series(series, cost_info, cfg, measure=measure, skip_quality=skip_quality, model=model)
 
 
 def mine_series(

@@ -51,6 +51,9 @@ class Costs:
     total_flops: float | None = None
     ops: list[dict] = field(default_factory=list)  # analyzer records: node, op_type, flops, bytes, intensity
     ridge: float | None = None
+    origin: str | None = None  # the cost file they were read from (None: given in memory)
+    model: str | None = None  # the model they price, and its sha256, where the costs name it
+    model_sha256: str | None = None
 
     def share(self, site: str) -> float | None:
         f = self.site_flops.get(site)
@@ -82,6 +85,13 @@ def _from_records(records: list[dict], costs: Costs) -> None:
 
 
 def _read_cost_file(path: Path) -> tuple[list[dict], float | None]:
+    records, ridge, _ = _read_costs_and_model(path)
+    return records, ridge
+
+
+def _read_costs_and_model(path: Path) -> tuple[list[dict], float | None, tuple[str | None, str | None]]:
+    """(records, ridge, (model, model sha256)) of a cost file; the analyzer writes its model's sha256 as a
+    top-level key in JSON and a column in CSV / Parquet."""
     import json
 
     import pyarrow.csv as pacsv
@@ -94,13 +104,13 @@ def _read_cost_file(path: Path) -> tuple[list[dict], float | None]:
         if suffix == ".json":
             d = json.loads(path.read_text())
             if isinstance(d, dict) and "records" in d:
-                return list(d["records"]), _finite((d.get("device") or {}).get("ridge"))
+                model = (d.get("model"), d.get("model_sha256") or None)
+                return list(d["records"]), _finite((d.get("device") or {}).get("ridge")), model
             if isinstance(d, dict):
-                return [{"site": k, "flops": v} for k, v in d.items()], None
-            return list(d), None
-        if suffix == ".parquet":
-            return pq.read_table(path).to_pylist(), None
-        return pacsv.read_csv(path).to_pylist(), None
+                return [{"site": k, "flops": v} for k, v in d.items()], None, (None, None)
+            return list(d), None, (None, None)
+        rows = pq.read_table(path).to_pylist() if suffix == ".parquet" else pacsv.read_csv(path).to_pylist()
+        return rows, None, (None, (rows[0].get("model_sha256") or None) if rows else None)
     except (OSError, ValueError, pa.ArrowInvalid) as exc:
         raise OpscopeError(f"--costs {path}: not a readable cost table ({type(exc).__name__})") from None
 
@@ -118,13 +128,18 @@ def load_costs(costs: Any = None, table_path: str | os.PathLike | None = None) -
     elif isinstance(costs, Mapping):
         out.site_flops = {str(k): v for k, v in ((k, _finite(v)) for k, v in costs.items()) if v is not None}
     elif isinstance(costs, str | os.PathLike):
-        records, ridge = _read_cost_file(Path(costs))
+        records, ridge, (out.model, out.model_sha256) = _read_costs_and_model(Path(costs))
         _from_records(records, out)
+        out.origin = str(costs)
     elif isinstance(costs, pa.Table):
         _from_records(costs.to_pylist(), out)
+        if "model_sha256" in costs.column_names and costs.num_rows:
+            out.model_sha256 = costs.column("model_sha256")[0].as_py() or None
     elif hasattr(costs, "to_records"):  # costs.Report
         _from_records(costs.to_records(), out)
         ridge = getattr(costs, "ridge", None)
+        out.model = getattr(costs, "model", None)
+        out.model_sha256 = getattr(costs, "model_sha256", None) or None
     elif isinstance(costs, list):
         _from_records(costs, out)
     else:

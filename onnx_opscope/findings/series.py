@@ -15,7 +15,7 @@ from ..errors import OpscopeError
 from ..run.table import read_table
 
 REQUIRED_COLUMNS = ("site", "role", "stat", "idx", "value")
-TableLike = Any  # a path (Parquet / CSV / .parts folder), a pyarrow.Table or a pandas DataFrame
+TableLike = Any  # a path (Parquet dataset folder or file, CSV, an older .parts folder), a pyarrow.Table or a pandas DataFrame
 
 
 @dataclass

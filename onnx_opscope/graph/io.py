@@ -12,6 +12,7 @@ from __future__ import annotations
 import hashlib
 import os
 import shutil
+import tempfile
 from pathlib import Path
 
 import onnx
@@ -19,6 +20,7 @@ from google.protobuf.message import DecodeError
 from onnx import ModelProto
 
 from ..errors import OpscopeError
+from ..files import atomic_path, writing
 from .index import iter_tensors
 from .proto import external_info, is_external
 
@@ -170,7 +172,6 @@ def save_model(
     limit are saved with their large tensors moved to `<name>.data`.
     """
     out = Path(path)
-    out.parent.mkdir(parents=True, exist_ok=True)
     files = external_files(model)
     if files:
         if base_dir is None:
@@ -180,18 +181,24 @@ def save_model(
             for loc in files:
                 _place_data_file(src_dir / loc, dst_dir / loc, copy_external)
     if model.ByteSize() > _PROTO_LIMIT:
-        onnx.save(
-            model,
-            str(out),
-            save_as_external_data=True,
-            all_tensors_to_one_file=True,
-            location=out.name + ".data",
-            size_threshold=1024,
-        )
+        _save_with_data_file(model, out)
     else:
-        with open(out, "wb") as f:
+        with atomic_path(out) as tmp, open(tmp, "wb") as f:
             f.write(model.SerializeToString())
     return out
+
+
+def _save_with_data_file(model: ModelProto, out: Path) -> None:
+    """onnx.save with the large tensors in `<name>.data`: both written in a temporary folder beside `out`,
+    then renamed into place, the data first (onnx would append to a data file already there)."""
+    data = out.with_name(out.name + ".data")
+    with writing(out):
+        out.parent.mkdir(parents=True, exist_ok=True)
+        with tempfile.TemporaryDirectory(dir=out.parent, prefix=f".{out.name}.") as folder:
+            onnx.save(model, os.path.join(folder, out.name), save_as_external_data=True,
+                      all_tensors_to_one_file=True, location=data.name, size_threshold=1024)  # fmt: skip
+            os.replace(os.path.join(folder, data.name), data)
+            os.replace(os.path.join(folder, out.name), out)
 
 
 def _place_data_file(src: Path, dst: Path, copy: bool) -> None:
@@ -199,10 +206,12 @@ def _place_data_file(src: Path, dst: Path, copy: bool) -> None:
         if dst.samefile(src):
             return
         raise OpscopeError(f"{dst}: a different file is already there; will not overwrite external data")
-    dst.parent.mkdir(parents=True, exist_ok=True)
     if copy:
-        shutil.copyfile(src, dst)
+        with atomic_path(dst) as tmp:
+            shutil.copyfile(src, tmp)
         return
+    with writing(dst):
+        dst.parent.mkdir(parents=True, exist_ok=True)
     try:
         os.link(src, dst)
     except OSError:

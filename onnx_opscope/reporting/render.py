@@ -15,14 +15,17 @@ from pathlib import Path
 from typing import Any
 
 from ..errors import OpscopeError
+from ..files import write_bytes, write_text
 from ..findings import (
     RULES,
     Finding,
     MineConfig,
+    check_costs,
+    check_findings,
     collect,
     load_costs,
-    load_findings,
     mine_series,
+    read_findings,
     temporal_text,
 )
 from ..findings.miner import run_record
@@ -246,6 +249,8 @@ def report(
 
     `findings`: a list from `mine`, a path to saved findings, or None to mine the table now.
     `costs`: as for `mine`; analyzer records (flops, bytes, intensity) add the roofline plot.
+    Findings of another table (run ids, model sha256) or costs of another model are an
+    OpscopeError (see `findings.identity`); files that carry no identity give a SourceWarning.
     """
     out = Path(out_path)
     suffix = out.suffix.lower()
@@ -254,20 +259,21 @@ def report(
     cfg = config or MineConfig()
     t, path = read_sketch_table(table)
     cost_info = load_costs(costs, path)
+    check_costs(cost_info, path)  # another model's costs: one error line, before anything is written
     series = collect(t)
     if findings is None:
         findings = mine_series(series, cost_info, cfg, model=run_record(path).get("model") or "MODEL")
-    elif isinstance(findings, str | os.PathLike):
-        findings = load_findings(findings)
+    else:
+        origin, source = None, None
+        if isinstance(findings, str | os.PathLike):
+            origin = findings
+            findings, source = read_findings(findings)
+        check_findings(findings, source, {s.run_id for s in series}, path, origin)
     plots = make_plots(findings, series, cost_info, cfg)
     source = path.name if path is not None else "<in-memory table>"
-    out.parent.mkdir(parents=True, exist_ok=True)
     if suffix in HTML_SUFFIXES:
-        out.write_text(render_html(findings, plots, source, cfg), encoding="utf-8")
-        return out
+        return write_text(out, render_html(findings, plots, source, cfg))
     plot_dir = out.with_name(out.stem + "_files")
-    plot_dir.mkdir(exist_ok=True)
-    for p in plots:
-        (plot_dir / f"{p.name}.png").write_bytes(p.png)
-    out.write_text(render_markdown(findings, plots, plot_dir.name, source, cfg), encoding="utf-8")
-    return out
+    for p in plots:  # each PNG whole, then the page that shows them
+        write_bytes(plot_dir / f"{p.name}.png", p.png)
+    return write_text(out, render_markdown(findings, plots, plot_dir.name, source, cfg))

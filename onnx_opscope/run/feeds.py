@@ -2,9 +2,11 @@
 
 Synthetic feeds follow the model's declared inputs. Symbolic and unknown dims are set by
 the user (`shapes`, `dims`) or by one documented default; integer inputs get a range that
-keeps them valid indices; each float distribution is built so that one sketch lights up
-on it (sparse90 -> sparsity, outlier -> outlier channels, coherent -> adjacent-row
-deltas, ...). A step's arrays depend only on (seed, step, input name), so any batch of a
+keeps them valid indices for the axis they index (its size read from a constant, an input's
+resolved shape, or shape inference with those shapes); one batch may take at most a
+quarter of the process's memory (`feed_budget`), checked before anything is allocated;
+each float distribution is built so that one sketch lights up on it (sparse90 ->
+sparsity, outlier -> outlier channels, coherent -> adjacent-row deltas, ...). A step's arrays depend only on (seed, step, input name), so any batch of a
 run can be rebuilt on its own. Real data comes from `.npz` / `.npy` files or
 onnxruntime's `test_data_set_*/input_*.pb` folders. Every user mistake is one
 `OpscopeError` line that names the input, what was given and what the model expects.
@@ -12,6 +14,8 @@ onnxruntime's `test_data_set_*/input_*.pb` folders. Every user mistake is one
 
 from __future__ import annotations
 
+import contextlib
+import math
 import os
 import re
 import zipfile
@@ -30,6 +34,7 @@ from ..graph.index import ModelIndex
 from ..graph.io import ModelLike, load_model
 from ..graph.proto import attr as _attr
 from ..graph.proto import constant_value, is_external
+from ..shapes import infer_shapes
 
 Dim = int | str | None
 Shape = tuple[int, ...]
@@ -324,18 +329,46 @@ _PASS_THROUGH = {
     "Transpose",
     "Tile",
 }
+# Ops whose output holds only values of the listed inputs (None: any input), so an index keeps its
+# range through them: the rows of an edge list picked by Slice / Split / Gather, two lists concatenated.
+_VALUE_SUBSET: dict[str, tuple[int, ...] | None] = {
+    "Slice": (0,),
+    "Split": (0,),
+    "Gather": (0,),
+    "GatherElements": (0,),
+    "GatherND": (0,),
+    "Compress": (0,),
+    "Concat": None,
+    "Where": (1, 2),
+}
+# Ops that index input 0 (data) with input 1 (indices): the indices must lie in [-d, d) of the axis
+# they index; synthetic feeds draw [0, d).
+_INDEXING = {"Gather", "GatherElements", "ScatterElements", "Scatter", "GatherND", "ScatterND"}
+
+ShapeOf = Callable[[str], "list[int | None] | None"]
 
 
-def default_ranges(model: ModelLike) -> dict[str, tuple[int, int]]:
+def default_ranges(
+    model: ModelLike, shapes: Mapping[str, Sequence[int]] | None = None
+) -> dict[str, tuple[int, int]]:
     """The default [lo, hi) of every integer input, read from how the graph uses it.
 
     The input is followed through shape-only ops (Reshape, Expand, Unsqueeze, Squeeze,
-    Flatten, Identity, Cast, Transpose, Tile) to the ops that index with it:
-    Gather on axis 0 of a constant table -> [0, rows); OneHot with a constant depth ->
-    [0, depth); Equal against a constant 0..n-1 (a one-hot written as a comparison, as
-    jax2tf exports it) -> [0, n); com.microsoft EmbedLayerNormalization -> [0, rows) of its
-    table. Several uses take the tightest bound. An input named like a mask gets [0, 2);
-    anything else [0, 16).
+    Flatten, Identity, Cast, Transpose, Tile) and ops that pass on a subset of its values
+    (Slice, Split, Concat, Compress, Where, and Gather / GatherElements / GatherND of it) to
+    the ops that index with it: Gather, GatherElements, ScatterElements -> [0, d) for the
+    size d of the data axis they index (`axis`, negative counted from the end); GatherND,
+    ScatterND -> [0, smallest d) over the data axes the last index dim addresses; OneHot with a
+    constant depth -> [0, depth); Equal against a constant 0..n-1 (a one-hot written as a
+    comparison, as jax2tf exports it) -> [0, n); com.microsoft EmbedLayerNormalization ->
+    [0, rows) of its table. Several uses take the tightest bound. An input named like a mask
+    gets [0, 2); anything else [0, 16).
+
+    The data's size comes from a constant's dims, an input's shape in `shapes` (the concrete
+    input shapes the feeds will have; default: `resolve_shapes` of the model), or, for an
+    intermediate tensor (a message buffer built by ConstantOfShape(Shape(x)), say), shape
+    inference with those input shapes, run only when such a use is found. A symbolic dim (the
+    node count N of a graph network) is therefore bounded by the size the feeds give it.
     """
     model = load_model(model)
     consts: dict[str, TensorProto] = {}
@@ -349,11 +382,16 @@ def default_ranges(model: ModelLike) -> dict[str, tuple[int, int]]:
         for i, name in enumerate(node.input):
             if name:
                 uses.setdefault(name, []).append((node, i))
+    signature = input_signature(model)
+    if shapes is None:
+        with contextlib.suppress(OpscopeError):
+            shapes = resolve_shapes([s for s in signature if s.dims is not None])
+    shape_of = _shape_lookup(model, consts, dict(shapes or {}))
     out = {}
-    for spec in input_signature(model):
+    for spec in signature:
         if spec.dtype is None or spec.dtype.kind not in "iu":
             continue
-        bounds = _index_bounds(spec.name, uses, consts)
+        bounds = _index_bounds(spec.name, uses, consts, shape_of)
         if bounds:
             out[spec.name] = (0, min(bounds))
         elif "mask" in spec.name.lower():
@@ -363,10 +401,42 @@ def default_ranges(model: ModelLike) -> dict[str, tuple[int, int]]:
     return out
 
 
+def _shape_lookup(
+    model: ModelProto, consts: dict[str, TensorProto], shapes: dict[str, Sequence[int]]
+) -> ShapeOf:
+    """name -> static dims (None per unknown dim; None when the rank is unknown): constants and inputs
+    directly, anything else from shape inference with the concrete input shapes (run once, when asked)."""
+    table: list = []
+
+    def shape_of(name: str) -> list[int | None] | None:
+        if name in consts:
+            return [int(d) for d in consts[name].dims]
+        if name in shapes:
+            return [int(d) for d in shapes[name]]
+        if not table:
+            try:  # only graphs that index an intermediate tensor pay for this
+                table.append(infer_shapes(model, shapes, symbolic=False).shapes)
+            except OpscopeError:
+                table.append({})
+        found = table[0].get(name)
+        return None if found is None else [d if type(d) is int else None for d in found]
+
+    return shape_of
+
+
 _EMBED_TABLES = {0: 2, 1: 4, 8: 3}  # EmbedLayerNormalization: ids -> word, segment ids -> segment, pos -> pos
 
 
-def _index_bounds(name: str, uses: dict, consts: dict[str, TensorProto]) -> list[int]:
+def _passes_values(node: onnx.NodeProto, i: int) -> bool:
+    if node.op_type in _PASS_THROUGH:
+        return i == 0
+    if node.op_type not in _VALUE_SUBSET or node.domain not in ("", "ai.onnx"):
+        return False
+    inputs = _VALUE_SUBSET[node.op_type]
+    return inputs is None or i in inputs
+
+
+def _index_bounds(name: str, uses: dict, consts: dict[str, TensorProto], shape_of: ShapeOf) -> list[int]:
     bounds: list[int] = []
     todo, seen = [name], set()
     while todo:
@@ -375,32 +445,53 @@ def _index_bounds(name: str, uses: dict, consts: dict[str, TensorProto]) -> list
             continue
         seen.add(tensor)
         for node, i in uses.get(tensor, []):
-            op = node.op_type
-            if op in _PASS_THROUGH and i == 0:
+            if _passes_values(node, i):
                 todo.extend(o for o in node.output if o)
-            elif op == "Gather" and i == 1 and _attr(node, "axis", 0) == 0 and node.input[0] in consts:
-                rows = list(consts[node.input[0]].dims)
-                if rows and rows[0] > 0:
-                    bounds.append(int(rows[0]))
-            elif op == "OneHot" and i == 0 and len(node.input) > 1:
-                depth = _const_array(consts.get(node.input[1]))
-                if depth is not None and depth.size == 1 and depth.item() > 0:
-                    bounds.append(int(depth.item()))
-            elif op == "Equal" and len(node.input) == 2:
-                other = _const_array(consts.get(node.input[1 - i]))
-                if (
-                    other is not None
-                    and other.size > 1
-                    and np.array_equal(other.ravel(), np.arange(other.size))
-                ):
-                    bounds.append(int(other.size))
-            elif (
-                op == "EmbedLayerNormalization" and i in _EMBED_TABLES and len(node.input) > _EMBED_TABLES[i]
-            ):
-                table = consts.get(node.input[_EMBED_TABLES[i]])
-                if table is not None and table.dims:
-                    bounds.append(int(table.dims[0]))
+            elif (bound := _use_bound(node, i, tensor, consts, shape_of)) is not None:
+                bounds.append(bound)
     return bounds
+
+
+def _use_bound(
+    node: onnx.NodeProto, i: int, tensor: str, consts: dict[str, TensorProto], shape_of: ShapeOf
+) -> int | None:
+    """The exclusive upper bound that using `tensor` as input `i` of `node` puts on its values, if any."""
+    op = node.op_type
+    if op in _INDEXING and i == 1 and node.domain in ("", "ai.onnx"):
+        return _indexed_size(node, tensor, shape_of)
+    if op == "OneHot" and i == 0 and len(node.input) > 1:
+        depth = _const_array(consts.get(node.input[1]))
+        if depth is not None and depth.size == 1 and depth.item() > 0:
+            return int(depth.item())
+    elif op == "Equal" and len(node.input) == 2:
+        other = _const_array(consts.get(node.input[1 - i]))
+        if other is not None and other.size > 1 and np.array_equal(other.ravel(), np.arange(other.size)):
+            return int(other.size)
+    elif op == "EmbedLayerNormalization" and i in _EMBED_TABLES and len(node.input) > _EMBED_TABLES[i]:
+        table = consts.get(node.input[_EMBED_TABLES[i]])
+        if table is not None and table.dims:
+            return int(table.dims[0])
+    return None
+
+
+def _indexed_size(node: onnx.NodeProto, indices: str, shape_of: ShapeOf) -> int | None:
+    """The size of the data axis (the smallest, for GatherND / ScatterND) that `indices` addresses."""
+    data = shape_of(node.input[0])
+    if not data:
+        return None
+    rank = len(data)
+    if node.op_type in ("GatherND", "ScatterND"):
+        start = int(_attr(node, "batch_dims", 0)) if node.op_type == "GatherND" else 0
+        idx = shape_of(indices)
+        k = idx[-1] if idx else None  # how many leading data axes one index tuple addresses
+        axes = range(start, start + k) if k is not None and start + k <= rank else range(start, rank)
+    else:
+        axis = int(_attr(node, "axis", 0))
+        axes = range(axis + rank, axis + rank + 1) if axis < 0 else range(axis, axis + 1)
+    sizes = [data[a] for a in axes if 0 <= a < rank]
+    if not sizes or any(s is None or s < 1 for s in sizes):
+        return None
+    return min(s for s in sizes if s is not None)
 
 
 def _const_array(t: TensorProto | None, limit: int = 1 << 16) -> np.ndarray | None:
@@ -408,6 +499,93 @@ def _const_array(t: TensorProto | None, limit: int = 1 << 16) -> np.ndarray | No
     if t is None or is_external(t) or np.prod(t.dims, dtype=np.int64) > limit:
         return None
     return numpy_helper.to_array(t)
+
+
+# ---------------------------------------------------------------------------------------------
+# Memory budget
+
+FEED_BUDGET_ENV = "OPSCOPE_FEED_BUDGET"
+FEED_BUDGET_SHARE = 4  # the default budget is 1/4 of the memory this process may use
+FEED_BUDGET_FALLBACK = 16 << 30  # where the memory size cannot be read
+_UNITS = {"": 1, "k": 1 << 10, "m": 1 << 20, "g": 1 << 30, "t": 1 << 40}
+
+
+def memory_bytes() -> int | None:
+    """The memory this process may use: physical memory, or the cgroup limit where it is lower."""
+    found = []
+    with contextlib.suppress(ValueError, OSError, AttributeError):
+        found.append(os.sysconf("SC_PHYS_PAGES") * os.sysconf("SC_PAGE_SIZE"))
+    for limit in ("/sys/fs/cgroup/memory.max", "/sys/fs/cgroup/memory/memory.limit_in_bytes"):
+        with contextlib.suppress(OSError, ValueError):
+            text = Path(limit).read_text().strip()
+            if text != "max" and 0 < int(text) < 1 << 60:  # v1 writes ~2**63 for "no limit"
+                found.append(int(text))
+    return min(found) if found else None
+
+
+def feed_budget() -> tuple[int, str]:
+    """(bytes, where the number comes from) that one batch of synthetic feeds may take.
+
+    `OPSCOPE_FEED_BUDGET` (bytes, or with a K/M/G/T suffix: `64G`, `200GiB`) sets it; else it
+    is a quarter of `memory_bytes()`: drawing a float32 feed briefly needs up to 3.25x its size
+    (sparse90 draws a float64 mask beside it) and onnxruntime's first activations are at least
+    as large again, so feeds above a quarter of memory end in swapping or an out-of-memory kill.
+    """
+    text = os.environ.get(FEED_BUDGET_ENV, "").strip()
+    if text:
+        m = re.fullmatch(r"(\d+(?:\.\d+)?)\s*([kmgt]?)(?:i?b)?", text.lower())
+        if not m or float(m.group(1)) <= 0:
+            raise OpscopeError(
+                f"{FEED_BUDGET_ENV}={text}: expected a size in bytes, e.g. 64G or 200GiB (K, M, G, T are powers of 1024)"
+            )
+        return int(float(m.group(1)) * _UNITS[m.group(2)]), f"{FEED_BUDGET_ENV}={text}"
+    memory = memory_bytes()
+    if memory is None:
+        return FEED_BUDGET_FALLBACK, "the default, as this machine's memory size is unknown"
+    return memory // FEED_BUDGET_SHARE, f"a quarter of the {_gib(memory)} of memory this process may use"
+
+
+def _gib(n: float) -> str:
+    return f"{n / (1 << 30):.1f} GiB" if n >= 1 << 27 else f"{n / (1 << 20):.1f} MiB"
+
+
+def _fills_shape(s: InputSpec, values: Mapping[str, Value]) -> bool:
+    """Whether the feed of `s` is an array of its full resolved shape (drawn, or a scalar --value filled)."""
+    return s.dtype is not None and (s.name not in values or np.ndim(values[s.name]) == 0)
+
+
+def check_feed_budget(inputs: Sequence[tuple[InputSpec, Sequence[int]]]) -> None:
+    """Raise OpscopeError, before anything is allocated, when one batch of these feeds would take more
+    than `feed_budget()`; it names the input (the largest), its shape, dtype and size."""
+    sizes = [
+        (math.prod(int(d) for d in shape) * s.dtype.itemsize, s, shape) for s, shape in inputs if s.dtype
+    ]
+    total = sum(n for n, _, _ in sizes)
+    if not sizes or total <= (budget := feed_budget())[0]:
+        return
+    limit, source = budget
+    n, s, shape = max(sizes, key=lambda x: x[0])
+    what = f"input {s.name!r} {s.type_name}[{', '.join(map(str, shape))}]"
+    message = (
+        f"{what} needs {_gib(n)} of synthetic feed per batch"
+        if n > limit
+        else f"the synthetic feeds need {_gib(total)} per batch, the largest {what} {_gib(n)}"
+    )
+    raise OpscopeError(
+        f"{message}, over the feed budget of {_gib(limit)} ({source})",
+        hint=f"{_smaller(s)}, or raise the budget with {FEED_BUDGET_ENV}=SIZE "
+        f"(e.g. {FEED_BUDGET_ENV}={math.ceil(total / (1 << 30)) + 1}G)",
+    )
+
+
+def _smaller(s: InputSpec) -> str:
+    """How the user can make the feed of `s` smaller: the flag that sets its free dims, if it has any."""
+    symbols = [d for d in (s.dims or []) if isinstance(d, str)]
+    if symbols:
+        return f"give its {'dims' if len(symbols) > 1 else 'dim'} with --dim {symbols[0]}=N (or --shape)"
+    if s.dims is None or None in s.dims:
+        return f"give its shape with --shape {s.name}:D0,D1,..."
+    return "the model declares this shape with static dims: feed real data with --data"
 
 
 # ---------------------------------------------------------------------------------------------
@@ -438,8 +616,11 @@ def _plans(model: ModelLike, spec: FeedSpec) -> list[_Plan]:
     shapes = resolve_shapes(
         [s for s in signature if s.dims is not None or s.name in spec.shapes], spec.shapes, spec.dims
     )
+    check_feed_budget(
+        [(s, shapes[s.name]) for s in signature if s.name in shapes and _fills_shape(s, spec.values)]
+    )
     int_ranges = (
-        default_ranges(model)
+        default_ranges(model, shapes)
         if any(s.dtype is not None and s.dtype.kind in "iu" and s.name not in spec.ranges for s in signature)
         else {}
     )
@@ -569,6 +750,9 @@ def iter_feeds(
     _check_known(spec.values, [s.name for s in signature], "--value")
     known = [s for s in signature if s.dims is not None]
     shapes = resolve_shapes(known) if known else {}  # only to fill non-scalar inputs from a scalar --value
+    check_feed_budget(
+        [(s, shapes[s.name]) for s in known if s.name in spec.values and _fills_shape(s, spec.values)]
+    )
     fixed = {
         s.name: _value_array(s, spec.values[s.name], shapes.get(s.name))
         for s in signature

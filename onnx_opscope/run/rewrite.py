@@ -16,6 +16,7 @@ from onnx import ModelProto
 
 from ..compare import ParityReport
 from ..errors import OpscopeError
+from ..files import check_writable
 from ..graph.io import ModelLike, save_model
 from ..transform import Rewritten
 from .feeds import FeedSpec
@@ -46,8 +47,7 @@ def write_rewrite(
             "write_rewrite needs the source model's path: its external data and the comparison read it"
         )
     source = Path(source)
-    if out.resolve() == source.resolve():
-        raise OpscopeError(f"-o {out} is the input model: write the rewrite to another file")
+    check_writable(out, inputs=[source])
     path = save_model(rewritten.model, out, base_dir=source.parent)
     quality = parity(source, path, feeds=feeds, runtime=runtime, layers=False) if check else None
     return WrittenRewrite(rewritten, path, quality)

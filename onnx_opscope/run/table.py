@@ -4,20 +4,44 @@ Tidy, one row per sketch element:
 
     run_id, step, provider, dist, M, K, N, numel, site, op_type, role, stat, idx, value
 
-Parquet: each finished batch is written as its own complete file under `<out>.parts/`; when
-the run ends (normally, on Ctrl-C or on an error) the parts are merged into `<out>` and
-removed. A run killed outright leaves the parts folder, which `read_table(<out>)`, pyarrow
-and pandas read as one table. CSV: each batch is appended and flushed, so the file is always
-readable. Beside the table go `<stem>.sites.csv` (site, op_type, order, M, K, N, flops) and
-`<stem>.run.json` (what was run, how, and the parity result).
+Parquet: the table at `<out>` is a dataset folder, one complete file per finished batch
+(`<out>/part-00000.parquet`, ...) plus `_SUCCESS` once the run has finished: the layout of
+Spark, Dask and Ray Data, which pandas and pyarrow (`read_parquet(out)`), polars
+(`pl.read_parquet(out)`, or `out/*.parquet`) and DuckDB (`read_parquet('out/*.parquet')`) read
+as one table at any moment, a run killed outright included. Each part is written beside the
+folder under a hidden temporary name and renamed into it: those readers take every file in the
+folder and fail on a half-written one, so the folder only ever holds whole batches.
+
+Nothing is written before the first batch has run, passed the parity gate and been decoded: a
+run that fails before it (a bad option or feed, the gate, Ctrl-C) leaves an earlier table at
+`<out>` and its sidecars as they were. The first batch is the commit: a new folder holding it
+takes `<out>`'s place in one step (`files.replace`), its sidecars right after. From then on the
+path is the new run's: a later error or a kill leaves its finished batches, no `_SUCCESS`, and
+`run.json` says `"interrupted": true`. The alternative, keeping the earlier table until the run
+ends and swapping then, would leave nothing of the new run at `<out>` after a kill.
+
+Parts stay one per batch. Merging them at the end would read and rewrite the whole table and
+swap the folder again, to save little: 500 batches of 1,600 rows read in 0.75 s with pandas
+against 0.51 s from one file, 0.18 s against 0.05 s with DuckDB.
+
+CSV: the first batch goes to a temporary file renamed into place (the same commit), later ones
+are appended and flushed one batch at a time, and an append that fails (a full disk) is cut
+back; a kill in the middle of an append can leave a partial last line, which Parquet never does.
+
+`read_table` also reads the layouts of earlier versions: one Parquet file, and the
+`<out>.parts/` folder their killed runs left. Beside the table go `<stem>.sites.csv` (site,
+op_type, order, M, K, N, flops) and `<stem>.run.json` (what was run, how, the parity result,
+how many batches: rewritten after each batch, so a killed run's says how far it got).
 """
 
 from __future__ import annotations
 
+import contextlib
 import csv
 import os
-import shutil
+import re
 from pathlib import Path
+from typing import BinaryIO
 
 import numpy as np
 import pyarrow as pa
@@ -25,6 +49,7 @@ import pyarrow.csv as pacsv
 import pyarrow.parquet as pq
 
 from ..errors import OpscopeError
+from ..files import atomic_path, remove, write_bytes, writing
 from ..instrument import Manifest, Rows
 from ..instrument.rows import arrow_int64, arrow_strings
 
@@ -36,52 +61,78 @@ SCHEMA = pa.schema([
 ])  # fmt: skip
 
 FORMATS = ("parquet", "csv")
+PART = "part-{:05d}.parquet"
+SUCCESS = "_SUCCESS"
+_PART = re.compile(r"part-(\d{5,})\.parquet")
 
 
 class TableWriter:
-    """Appends batch tables so that whatever was written survives an interrupted run.
+    """Appends batch tables so that the path always holds a readable table of whole batches.
 
-    State is real (open files, part count), hence a class.
+    State is real (the batch count, the open CSV file), hence a class.
     """
 
     def __init__(self, out: Path, fmt: str):
         self.out, self.fmt, self.parts = out, fmt, 0
-        self.parts_dir = out.with_name(out.name + ".parts")
-        out.parent.mkdir(parents=True, exist_ok=True)
-        if fmt == "parquet":
-            if self.parts_dir.exists():
-                shutil.rmtree(self.parts_dir)
-            self.parts_dir.mkdir()
-        else:
-            self._csv = open(out, "wb")  # noqa: SIM115 - closed in close()
-            self._csv_header = True
+        self._csv: BinaryIO | None = None
 
     def write(self, table: pa.Table) -> None:
+        """Add one batch; the first replaces whatever table was at the path."""
         if self.fmt == "parquet":
-            part = self.parts_dir / f"part-{self.parts:05d}.parquet"
-            pq.write_table(table, part.with_suffix(".tmp"))
-            os.replace(part.with_suffix(".tmp"), part)  # a part is either whole or absent
+            self._write_part(table)
         else:
-            buf = pa.BufferOutputStream()
-            pacsv.write_csv(table, buf, pacsv.WriteOptions(include_header=self._csv_header))
-            self._csv.write(buf.getvalue().to_pybytes())
-            self._csv.flush()
-            self._csv_header = False
+            self._write_csv(table)
         self.parts += 1
 
-    def close(self) -> None:
-        if self.fmt == "csv":
-            if self._csv_header:  # no batch finished: still leave a readable, empty table
-                pacsv.write_csv(SCHEMA.empty_table(), self._csv)
-            self._csv.close()
+    def _write_part(self, table: pa.Table) -> None:
+        if self.parts:
+            with atomic_path(self.out / PART.format(self.parts), temp_dir=self.out.parent) as tmp:
+                pq.write_table(table, tmp)
             return
-        tmp = self.out.with_name(self.out.name + ".tmp")
-        with pq.ParquetWriter(tmp, SCHEMA) as writer:
-            for part in sorted(self.parts_dir.glob("part-*.parquet")):
-                # ParquetFile, not pq.read_table: that one loads pyarrow.dataset and pandas (+50 MB RSS)
-                writer.write_table(pq.ParquetFile(part).read(use_threads=False))
-        os.replace(tmp, self.out)
-        shutil.rmtree(self.parts_dir)
+        with atomic_path(self.out) as folder:
+            folder.mkdir()
+            pq.write_table(table, folder / PART.format(0))
+        self._clear_leftovers()
+
+    def _write_csv(self, table: pa.Table) -> None:
+        buf = pa.BufferOutputStream()
+        pacsv.write_csv(table, buf, pacsv.WriteOptions(include_header=not self.parts))
+        data = memoryview(buf.getvalue().to_pybytes())
+        if self._csv is None:
+            write_bytes(self.out, data.tobytes())
+            self._csv = open(self.out, "ab", buffering=0)  # noqa: SIM115 - closed in close()
+            self._clear_leftovers()
+            return
+        size = os.fstat(self._csv.fileno()).st_size
+        try:
+            with writing(self.out):
+                while data:  # an unbuffered write may take part of it
+                    data = data[self._csv.write(data) :]
+        except OpscopeError:
+            with contextlib.suppress(OSError):
+                os.ftruncate(self._csv.fileno(), size)
+            raise
+
+    def _clear_leftovers(self) -> None:
+        """What killed runs at this path left: temporaries beside it, an earlier version's `.parts`."""
+        name = re.compile(rf"\.{re.escape(self.out.name)}\.(part-\d+\.parquet\.)?[0-9a-f]{{8}}\.tmp")
+        for p in self.out.parent.iterdir():
+            if name.fullmatch(p.name):
+                remove(p)
+        remove(self.out.with_name(self.out.name + ".parts"))
+
+    def close(self, complete: bool) -> None:
+        """End the run; a Parquet run that finished every batch gets its `_SUCCESS` marker."""
+        if self._csv is not None:
+            self._csv.close()
+        if self.fmt == "parquet" and complete and self.parts:
+            with writing(self.out):
+                (self.out / SUCCESS).touch()
+
+
+def is_table_folder(path: Path) -> bool:
+    """Whether `path` is a folder of this writer's (parts and the marker only), which a new run may replace."""
+    return path.is_dir() and all(c.name == SUCCESS or _PART.fullmatch(c.name) for c in path.iterdir())
 
 
 def format_of(out: Path, fmt: str | None) -> str:
@@ -127,22 +178,30 @@ def write_sites(path: Path, manifest: Manifest, dims: dict[str, tuple]) -> None:
 
 
 def read_table(path: str | os.PathLike, columns: list[str] | None = None) -> pa.Table:
-    """Read a sketch table (all columns, or just `columns`): a Parquet or CSV file, or the `.parts` folder
-    an interrupted run left."""
+    """Read a sketch table (all columns, or just `columns`): a dataset folder (a killed run's too), a
+    Parquet or CSV file, or the `.parts` folder a killed run of an earlier version left."""
     p = Path(path)
-    parts = p.with_name(p.name + ".parts")
+    old_parts = p.with_name(p.name + ".parts")
     try:
         if p.is_file():
             if p.suffix.lower() == ".csv":
                 opts = pacsv.ConvertOptions(column_types=SCHEMA, include_columns=columns)
                 return pacsv.read_csv(p, convert_options=opts)
             return pq.read_table(p, columns=columns)
-        if parts.is_dir():
-            files = sorted(parts.glob("part-*.parquet"))
-            if not files:
-                empty = SCHEMA.empty_table()
-                return empty.select(columns) if columns else empty
-            return pa.concat_tables([pq.read_table(f, schema=SCHEMA, columns=columns) for f in files])
+        if p.is_dir() or old_parts.is_dir():
+            return _read_parts(p if p.is_dir() else old_parts, columns, allow_empty=not p.is_dir())
     except (pa.ArrowInvalid, OSError) as exc:
         raise OpscopeError(f"{p}: not a readable sketch table ({exc})") from None
     raise OpscopeError(f"{p}: no such table")
+
+
+def _read_parts(folder: Path, columns: list[str] | None, allow_empty: bool) -> pa.Table:
+    """The parts in batch order (ParquetFile, not pq.read_table: that one loads pyarrow.dataset and
+    pandas, +50 MB RSS)."""
+    found = [(m, f) for f in folder.iterdir() if (m := _PART.fullmatch(f.name))]
+    if not found and not allow_empty:
+        raise OpscopeError(f"{folder}: a folder without part-*.parquet files, not a sketch table")
+    files = [f for m, f in sorted(found, key=lambda mf: int(mf[0].group(1)))]
+    tables = [pq.ParquetFile(f).read(columns=columns, use_threads=False) for f in files]
+    empty = SCHEMA.empty_table()
+    return pa.concat_tables(tables) if tables else (empty.select(columns) if columns else empty)
