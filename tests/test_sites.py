@@ -118,7 +118,14 @@ def test_quantized_roles():
         "lhs_float": "x",  # the float tensor DynamicQuantizeLinear read
     }
     assert tensors(qlm)["rhs"] == "qlm.weight"  # input 3, not a scale or zero point
-    assert tensors(qlm)["lhs_float"] == "x" and tensors(qlm)["out_float"] == "b/dequantize_output_0"
+    assert tensors(qlm)["lhs_float"] == "x" and "out_float" not in tensors(qlm)
+    # QOperator operands are read through the op's own scales and zero points
+    dq = {t.role: t.dequant for t in qlm.taps}
+    node = next(n for n in zoo.build("quantized").graph.node if n.op_type == "QLinearMatMul")
+    assert (dq["lhs"].scale, dq["lhs"].zero_point) == (node.input[1], node.input[2])
+    assert (dq["rhs"].scale, dq["rhs"].zero_point) == (node.input[4], node.input[5])
+    assert (dq["out"].scale, dq["out"].zero_point) == (node.input[6], node.input[7])
+    assert dq["lhs_float"] is None and mmi.role("lhs").dequant is None
     model = zoo.build("quantized")
     feeds = zoo.example_feeds("quantized", model=model)
     inst, manifest = inject(model)

@@ -22,6 +22,7 @@ import onnx
 import pytest
 from conftest import REAL_NAMES, generated_model_path, real_model_path
 from onnx import TensorProto, helper, numpy_helper
+from onnx.reference import ReferenceEvaluator
 
 from onnx_opscope import sketch as sk
 from onnx_opscope import zoo
@@ -202,6 +203,30 @@ def assert_sketch(stat: str, got: np.ndarray, ref: np.ndarray, x, what: str = ""
     )
 
 
+def tapped_names(taps: list[TapRecord]) -> list[str]:
+    """The tensors `check_taps` needs values of: each tap's tensor, and the scale and zero point of a QDQ tap."""
+    names = {t.tensor for t in taps}
+    names |= {n for t in taps if t.dequant for n in (t.dequant["scale"], t.dequant["zero_point"]) if n}
+    return sorted(names)
+
+
+def dequantize(q: np.ndarray, scale: np.ndarray, zero_point: np.ndarray | None, attrs: dict) -> np.ndarray:
+    """onnx's reference DequantizeLinear: an implementation independent of the one under test."""
+    names = ["q", "s"] + (["z"] if zero_point is not None else [])
+    node = helper.make_node("DequantizeLinear", names, ["y"], **attrs)
+    feeds = {"q": q, "s": scale, **({"z": zero_point} if zero_point is not None else {})}
+    return ReferenceEvaluator(node).run(None, feeds)[0]
+
+
+def reference_input(tap: TapRecord, values: dict[str, np.ndarray]) -> np.ndarray:
+    """What a tap sketches: its tensor, dequantized when it is a QDQ tap (`sites.qdq`)."""
+    x = values[tap.tensor]
+    if tap.dequant is None:
+        return x
+    dq = tap.dequant
+    return dequantize(x, values[dq["scale"]], values.get(dq["zero_point"]), dq["attrs"])
+
+
 def check_taps(
     taps: list[TapRecord],
     outs: dict,
@@ -221,7 +246,7 @@ def check_taps(
             got, shape = host[tap.id]
         else:
             got, shape = decode_tap(tap, outs, opts)
-        x = values[tap.tensor]
+        x = reference_input(tap, values)
         assert shape == list(np.shape(x)), (tap.tensor, shape, np.shape(x))
         for stat in tap.sketches:
             assert_sketch(stat, got[stat], sk.reference(stat, x, tap.info(), opts), x, tap.tensor)
@@ -234,7 +259,7 @@ def check_main_graph(model, feeds, manifest: Manifest, outs: dict) -> tuple[int,
     (stats compared, constant taps among them)."""
     taps = [t for t in manifest.taps if t.graph == ""]
     assert taps
-    values = tensor_values(model, sorted({t.tensor for t in taps}), feeds)
+    values = tensor_values(model, tapped_names(taps), feeds)
     host = host_values(manifest, model)
     return check_taps(taps, outs, values, manifest.sketch_options(), host), sum(t.constant for t in taps)
 

@@ -3,13 +3,20 @@
 from __future__ import annotations
 
 import argparse
+from dataclasses import asdict
 from pathlib import Path
 
-from ..instrument import inject_file
+from ..files import check_writable
+from ..instrument import inject, inject_file
+from ..instrument.manifest import manifest_path_for
+from ..run.kernels import checked_sites
+from ..run.session import resolve_providers
 from .options import (
     add_output_argument,
     add_quiet_argument,
+    add_runtime_arguments,
     add_tap_arguments,
+    runtime_config_from_args,
     selection_from_args,
     sketch_epilog,
     sketch_options_from_args,
@@ -47,18 +54,33 @@ def add_parser(sub) -> argparse.ArgumentParser:
     )
     add_quiet_argument(p)
     add_tap_arguments(p)
+    add_runtime_arguments(p, "the onnxruntime the model will run on: on quantized models, taps that would "
+                          "change its integer kernels at this level are left out and named (--opt-level "
+                          "disable skips the check)")  # fmt: skip
     return p
 
 
 def run(args: argparse.Namespace) -> int:
+    runtime = runtime_config_from_args(args)
+    providers = resolve_providers(runtime.providers, fallback=runtime.fallback)
+    sketches, options = sketches_from_args(args), sketch_options_from_args(args)
+    for path in (args.output, manifest_path_for(args.output)):
+        check_writable(path, inputs=[args.model])
+
+    def build(chosen):
+        return inject(args.model, chosen, sketches, options, args.placement, providers).model
+
+    sites, left_out = checked_sites(args.model, selection_from_args(args), runtime, args.model.parent, build)
     path, mpath, manifest = inject_file(
         args.model,
         args.output,
-        sites=selection_from_args(args),
-        sketches=sketches_from_args(args),
-        options=sketch_options_from_args(args),
+        sites=sites,
+        sketches=sketches,
+        options=options,
         placement=args.placement,
         copy_external=args.copy_external_data,
+        providers=providers,
+        left_out=[asdict(c) for c in left_out],
     )
     if args.quiet:
         return 0

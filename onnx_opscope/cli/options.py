@@ -13,7 +13,6 @@ Selection, SketchOptions); string parse errors are one OpscopeError line.
 from __future__ import annotations
 
 import argparse
-import warnings
 from pathlib import Path
 
 import onnxruntime as ort
@@ -219,9 +218,11 @@ def feed_spec_from_args(args: argparse.Namespace) -> FeedSpec:
 # runtime
 
 
-def add_runtime_arguments(parser: argparse.ArgumentParser) -> None:
-    """The onnxruntime options shared by `record`, `parity` and `rewrite`."""
-    g = parser.add_argument_group("runtime", "onnxruntime execution provider and session options")
+def add_runtime_arguments(
+    parser: argparse.ArgumentParser, what: str = "onnxruntime execution provider and session options"
+) -> None:
+    """The onnxruntime options shared by `record`, `parity`, `rewrite` and `inject`."""
+    g = parser.add_argument_group("runtime", what)
     installed = ", ".join(p.removesuffix("ExecutionProvider").lower() for p in ort.get_available_providers())
     g.add_argument(
         "--provider",
@@ -408,8 +409,3 @@ def add_quiet_argument(parser: argparse.ArgumentParser) -> None:
         action="store_true",
         help="print nothing but errors (no progress, no summary): for scripts",
     )
-
-
-def one_line_warnings() -> None:
-    """Warnings (e.g. provider fallback) as one 'warning: ...' line, never a source excerpt."""
-    warnings.formatwarning = lambda msg, *a, **k: f"warning: {msg}\n"

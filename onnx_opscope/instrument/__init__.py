@@ -11,7 +11,7 @@
 
 from .decode import HostValues, decode, decode_tap, decode_taps, gemm_dims
 from .host import host_values
-from .inject import PLACEMENTS, Instrumented, inject, inject_file
+from .inject import PLACEMENTS, Instrumented, inject, inject_file, sites_of
 from .manifest import Manifest, SiteRecord, TapRecord, load_manifest, manifest_path_for
 from .rows import Rows
 
@@ -30,6 +30,7 @@ __all__ = [
     "host_values",
     "inject",
     "inject_file",
+    "sites_of",
     "load_manifest",
     "manifest_path_for",
 ]

@@ -64,6 +64,8 @@ def host_values(
             out[tap.id] = ({}, [int(d) for d in src.dims])
             continue
         x = _array(src, tap, base_dir)
+        if tap.dequant is not None:
+            x = _dequantized(index, tap, x, base_dir)
         info = tap.info()
         values = sk.references(tap.sketches, x, info, opts)
         out[tap.id] = (values, [int(d) for d in x.shape])
@@ -92,6 +94,31 @@ def _find(index: ModelIndex, tap: TapRecord) -> Constant:
         f"weight {tap.tensor!r} (tap {tap.id}, {where}) is not an initializer or Constant of this model",
         hint="compute host values from the model the manifest was made from (or its instrumented copy)",
     )
+
+
+def _dequantized(
+    index: ModelIndex, tap: TapRecord, q: np.ndarray, base_dir: str | os.PathLike | None
+) -> np.ndarray:
+    """DequantizeLinear's result on a quantized weight: (q - zero_point) * scale, per tensor, per axis
+    or per block along `axis`, in the scale's type (what onnxruntime's kernel reads)."""
+    dq = tap.dequant
+    scale = _array(_find(index, TapRecord(**{**vars(tap), "tensor": dq["scale"]})), tap, base_dir)
+    zp = None
+    if dq["zero_point"]:
+        zp = _array(_find(index, TapRecord(**{**vars(tap), "tensor": dq["zero_point"]})), tap, base_dir)
+    axis = dq["attrs"].get("axis", 1) % max(q.ndim, 1)
+    block = dq["attrs"].get("block_size", 0)
+
+    def along_axis(v: np.ndarray) -> np.ndarray:
+        if v.ndim == 0 or v.size == 1:
+            return v.reshape(())
+        if block:
+            v = np.repeat(v, block, axis=axis)[tuple(slice(0, n) for n in q.shape)]
+            return v
+        return v.reshape([-1 if i == axis else 1 for i in range(q.ndim)])
+
+    x = q.astype(np.float32) if zp is None else q.astype(np.float32) - along_axis(zp).astype(np.float32)
+    return (x * along_axis(scale).astype(np.float32)).astype(scale.dtype)
 
 
 # --------------------------------------------------------------------------------------------

@@ -35,6 +35,7 @@ from onnx import ModelProto, NodeProto
 
 from .. import sketch as sk
 from ..errors import OpscopeError
+from ..files import atomic_path, check_writable
 from ..graph.build import Builder, Constants
 from ..graph.expose import expose
 from ..graph.index import ModelIndex, Names
@@ -53,6 +54,7 @@ from ..shapes import ShapeTable, infer_shapes
 from ..sites import SHADOW_SUFFIX, Selection, Site, find_sites, select
 from .manifest import Manifest, TapRecord, manifest_path_for
 from .plan import plan_taps, tensor_type
+from .qdq import converts_s8_to_u8, dequantize, unsigned_pairs
 from .shadow import build_shadow
 from .templates import TapTemplates
 
@@ -87,20 +89,26 @@ def inject(
     sketches: list[str] | None = None,
     options: sk.SketchOptions | None = None,
     placement: str = "producer",
+    providers: list[str] | None = None,
 ) -> Instrumented:
     """Instrument `model`: returns (a new instrumented ModelProto, its Manifest); the input is not changed.
 
     `sites`: a list from `find_sites`/`select`, a `Selection`, or None for every site.
     `sketches`: names from the registry (None: the default set). External weights stay where
     they are: save the result with `save_model(..., base_dir=<source folder>)`.
+    `providers`: the onnxruntime providers the model will run on (None: CPU); taps on QDQ
+    models adapt to what their graph optimizers do (`instrument.qdq`).
     """
     options = options or sk.SketchOptions()
     if placement not in PLACEMENTS:
         raise OpscopeError(f"placement must be one of {PLACEMENTS}, not {placement!r}")
     names = sk.resolve(sketches)
     target = _prepare(model, sites)
+    options = sk.for_opset(options, target.opset)
     n_original = len(target.model.graph.output)
     site_records, taps = plan_taps(target.sites, names, target.table, target.index)
+    if converts_s8_to_u8(providers):
+        unsigned_pairs(target.index, taps, target.constants)
     inserts = build(target, taps, options, placement)
     expose_all(target, taps, options)
     splice_all(target.index, inserts)
@@ -126,8 +134,8 @@ def _prepare(model: ModelLike, sites: list[Site] | Selection | None) -> _Target:
     opset = opset_version(source)
     if opset < MIN_TAP_OPSET:
         raise OpscopeError(
-            f"model uses opset {opset}; tapping needs opset {MIN_TAP_OPSET} or newer",
-            hint="convert it with onnx.version_converter.convert_version(model, 13)",
+            f"model uses opset {opset}; tapping needs opset {MIN_TAP_OPSET} or newer (what onnxruntime runs)",
+            hint=f"convert it with onnx.version_converter.convert_version(model, {MIN_TAP_OPSET})",
         )
     if isinstance(model, ModelProto):  # the caller's model is not changed
         m = ModelProto()
@@ -137,21 +145,33 @@ def _prepare(model: ModelLike, sites: list[Site] | Selection | None) -> _Target:
     light = without_weight_data(m)  # shape inference and site finding need no weight values
     table = infer_shapes(light)
     index = ModelIndex(m)
-    if sites is None or isinstance(sites, Selection):
-        found = find_sites(light, table)
-        if not found:
-            raise OpscopeError(
-                "the model has no tappable site (MatMul, Gemm, Conv, ConvTranspose, LSTM, GRU, RNN, MatMulInteger, "
-                "QLinearMatMul, Softmax, fused attention, TopK router, residual Add), subgraphs included"
-            )
-        numel = {
-            t.tensor: ti.numel for s in found for t in s.taps if (ti := table.type_of(t.tensor)) and ti.numel
-        }
-        sites = select(found, sites or Selection(), numel)
+    sites = _choose(light, table, sites)
     names = index.names()
     # IR 3 wants every initializer listed as a graph input too: keep Constant nodes there.
     constants = Constants(names) if m.ir_version >= 4 else None
     return _Target(m, index, table, names, opset, constants, list(sites))
+
+
+def _choose(light: ModelProto, table: ShapeTable, sites: list[Site] | Selection | None) -> list[Site]:
+    if sites is not None and not isinstance(sites, Selection):
+        return list(sites)
+    found = find_sites(light, table)
+    if not found:
+        raise OpscopeError(
+            "the model has no tappable site (MatMul, Gemm, Conv, ConvTranspose, LSTM, GRU, RNN, MatMulInteger, "
+            "QLinearMatMul, ConvInteger, QLinearConv, Softmax, fused attention, TopK router, residual Add), "
+            "subgraphs included"
+        )
+    numel = {
+        t.tensor: ti.numel for s in found for t in s.taps if (ti := table.type_of(t.tensor)) and ti.numel
+    }
+    return select(found, sites or Selection(), numel)
+
+
+def sites_of(model: ModelLike, sites: list[Site] | Selection | None = None) -> list[Site]:
+    """The sites `inject(model, sites)` would tap: a `Selection` (or None: every site) resolved to a list."""
+    light = without_weight_data(load_model(model))
+    return _choose(light, infer_shapes(light), sites)
 
 
 def build(target: _Target, taps: list[TapRecord], options: sk.SketchOptions, placement: str) -> Inserts:
@@ -176,17 +196,26 @@ def build(target: _Target, taps: list[TapRecord], options: sk.SketchOptions, pla
     for k, tap in enumerate(taps):
         if tap.constant:  # a weight's sketches are computed on the host (host.host_values)
             continue
-        nodes, tap.outputs = templates.build(f"opscope_t{k}_", tap.tensor, tap.info(), tap.sketches)
         entry = target.index[tap.graph]
+        source, reads, prelude = tap.tensor, [tap.tensor], []
+        if tap.dequant is not None:  # QDQ: dequantize a copy of the quantized tensor (sites.qdq)
+            source, prelude = _dequantize(target, k, tap)
+            reads += [n for n in (tap.dequant["scale"], tap.dequant["zero_point"]) if n]
+        nodes, tap.outputs = templates.build(f"opscope_t{k}_", source, tap.info(), tap.sketches)
         if placement == "end":
             pos = len(entry.graph.node) - 1
         else:
             pos = shadow_at.get((tap.graph, tap.tensor))
-            if pos is None:
-                pos = entry.producer_index(tap.tensor)
-            pos = -1 if pos is None else pos  # a graph input or an outer tensor: first
-        inserts.setdefault(tap.graph, {}).setdefault(pos, []).extend(nodes)
+            if pos is None:  # after the last producer of what the tap reads (-1: graph inputs, outer tensors)
+                pos = max(-1 if (p := entry.producer_index(r)) is None else p for r in reads)
+        inserts.setdefault(tap.graph, {}).setdefault(pos, []).extend([*prelude, *nodes])
     return inserts
+
+
+def _dequantize(target: _Target, k: int, tap: TapRecord) -> tuple[str, list[NodeProto]]:
+    """(the dequantized tensor, the nodes making it) for a QDQ tap (`qdq.dequantize`)."""
+    b = Builder(target.opset, target.names, f"opscope_q{k}_", target.constants)
+    return dequantize(b, target.index, tap), b.nodes
 
 
 def expose_all(target: _Target, taps: list[TapRecord], options: sk.SketchOptions) -> None:
@@ -221,9 +250,18 @@ def inject_file(
     options: sk.SketchOptions | None = None,
     placement: str = "producer",
     copy_external: bool = False,
+    providers: list[str] | None = None,
+    left_out: list[dict] | None = None,
 ) -> tuple[Path, Path, Manifest]:
-    """Inject into the model at `src` and write `out` plus `<out stem>.manifest.json` beside it."""
-    instrumented, manifest = inject(src, sites, sketches, options, placement)
-    path = save_model(instrumented, out, base_dir=Path(src).parent, copy_external=copy_external)
-    mpath = manifest.save(manifest_path_for(path))
+    """Inject into the model at `src` and write `out` plus `<out stem>.manifest.json` beside it: both are
+    checked before any work, and the manifest is renamed into place right after the model.
+    `left_out`: taps the caller left out (`run.kernels`), recorded in the manifest."""
+    mpath = manifest_path_for(out)
+    for path in (out, mpath):
+        check_writable(path, inputs=[src])
+    instrumented, manifest = inject(src, sites, sketches, options, placement, providers)
+    manifest.left_out = list(left_out or [])
+    with atomic_path(mpath) as manifest_tmp:  # a failed model write leaves the earlier manifest too
+        manifest.save(manifest_tmp)
+        path = save_model(instrumented, out, base_dir=Path(src).parent, copy_external=copy_external)
     return path, mpath, manifest

@@ -23,6 +23,7 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
 from ..errors import OpscopeError
+from ..files import write_text
 from ..sketch import SketchOptions, TapInfo
 
 FORMAT = "onnx-opscope/manifest"
@@ -44,6 +45,9 @@ class TapRecord:
     sketches: list[str]
     outputs: dict[str, str]  # raw name -> graph output name
     bins: int | None = None  # route taps: the number of experts E, when static
+    # QDQ models: `tensor` is quantized and read through DequantizeLinear(tensor, scale, zero_point,
+    # **attrs) in `domain` (sites.qdq); the sketches describe the dequantized values. None: as is.
+    dequant: dict | None = None
 
     def info(self) -> TapInfo:
         return TapInfo(self.rank, self.elem_type, self.channel_axis, self.seq_axis, self.bins)
@@ -75,6 +79,9 @@ class Manifest:
     taps: list[TapRecord]
     format: str = FORMAT
     version: int = VERSION
+    # taps not placed because they would change what onnxruntime computes (run.kernels): one dict
+    # per (site, role) with the tensor, the optimization level and the kernels that would change
+    left_out: list[dict] = field(default_factory=list)
 
     def sketch_options(self) -> SketchOptions:
         return SketchOptions.from_dict(self.options)
@@ -111,9 +118,8 @@ class Manifest:
         return json.dumps(d, indent=1)
 
     def save(self, path: str | os.PathLike) -> Path:
-        p = Path(path)
-        p.write_text(self.to_json())
-        return p
+        """Write the manifest JSON at `path`, whole or not at all."""
+        return write_text(path, self.to_json())
 
 
 def load_manifest(path: str | os.PathLike) -> Manifest:

@@ -6,6 +6,8 @@ residual site its kind's own (`sites.KIND_SKETCHES`) unless the user named some 
 A role left out by the selection keeps a shape-only tap, so the site's M, K, N are still
 known. A tap on a weight (an initializer or a Constant output, outer scopes included) is a
 `constant` tap: it gets no nodes, its sketches are taken on the host (`host.host_values`).
+A tap that reads a quantized tensor through a DequantizeLinear (`sites.qdq`) is its own tap,
+typed as the float the DQ makes.
 """
 
 from __future__ import annotations
@@ -17,7 +19,7 @@ from onnx import TensorProto
 from .. import sketch as sk
 from ..graph.index import ModelIndex
 from ..shapes import ShapeTable, TensorType
-from ..sites import KIND_SKETCHES, SHADOW_SUFFIX, Site
+from ..sites import KIND_SKETCHES, SHADOW_SUFFIX, Dequant, Site
 from .manifest import SiteRecord, TapRecord
 
 SHADOW_TYPE = TensorType(TensorProto.FLOAT, 4, None)  # a shadow softmax: [B, heads, S, T] float32
@@ -35,6 +37,19 @@ def tensor_type(table: ShapeTable, tensor: str) -> TensorType | None:
     return SHADOW_TYPE if tensor.endswith(SHADOW_SUFFIX) else table.type_of(tensor)
 
 
+def dequantized_type(table: ShapeTable, dq: Dequant) -> int:
+    """The element type a DequantizeLinear with this scale makes (the scale's; float32 when unknown)."""
+    ti = table.type_of(dq.scale)
+    return ti.elem_type if ti and ti.elem_type else TensorProto.FLOAT
+
+
+def dequant_record(dq: Dequant | None) -> dict | None:
+    """A Dequant as the manifest stores it (JSON: attrs as a dict)."""
+    if dq is None:
+        return None
+    return {"scale": dq.scale, "zero_point": dq.zero_point, "attrs": dict(dq.attrs), "domain": dq.domain}
+
+
 def plan_taps(
     sites: Sequence[Site], names: Sequence[str], table: ShapeTable, index: ModelIndex
 ) -> tuple[list[SiteRecord], list[TapRecord]]:
@@ -42,7 +57,7 @@ def plan_taps(
     wanted: dict[tuple, set[str]] = {}
     for site in sites:
         for tap in site.taps:
-            key = (site.graph, tap.tensor, tap.channel_axis, tap.seq_axis, False)
+            key = (site.graph, tap.tensor, tap.channel_axis, tap.seq_axis, tap.dequant, False)
             wanted.setdefault(key, set()).update(sketches_for_kind(site.kind, names))
     taps: dict[tuple, TapRecord] = {}
     records = []
@@ -50,10 +65,12 @@ def plan_taps(
         roles: dict[str, str] = {}
         shape_roles: dict[str, str] = {}
         for tap, only_shape in [(t, False) for t in site.taps] + [(t, True) for t in site.shape_only]:
-            key = (site.graph, tap.tensor, tap.channel_axis, tap.seq_axis, only_shape)
+            key = (site.graph, tap.tensor, tap.channel_axis, tap.seq_axis, tap.dequant, only_shape)
             if key not in taps:
                 ti = tensor_type(table, tap.tensor)
                 elem = ti.elem_type if ti and ti.elem_type else TensorProto.UNDEFINED
+                if tap.dequant is not None:  # sketched as the float the DequantizeLinear makes
+                    elem = dequantized_type(table, tap.dequant)
                 info = sk.TapInfo(ti.rank if ti else None, elem, tap.channel_axis, tap.seq_axis, tap.bins)
                 own = [n for n in sk.REGISTRY if n in wanted.get(key, ())]
                 taps[key] = TapRecord(
@@ -70,6 +87,7 @@ def plan_taps(
                     sketches=[] if only_shape else sk.applicable(own, info),
                     outputs={},
                     bins=tap.bins,
+                    dequant=dequant_record(tap.dequant),
                 )
             (shape_roles if only_shape else roles)[tap.role] = taps[key].id
         records.append(

@@ -6,6 +6,10 @@ that the model's own outputs did not move (the parity gate, `compare.check_drop_
 runs every batch, decodes the extra outputs through the manifest and appends the rows to the
 table (`table`): nothing is held back until the end. Decoding a batch and writing its part
 run on a worker thread while the next batch runs (`BatchPipeline`).
+
+Every output is checked before any work (`files.check_writable`) and nothing is written
+before the first batch is decoded, so a mistake leaves an earlier table and its sidecars as
+they were; the first batch replaces them, and each later one is added whole (`table`).
 """
 
 from __future__ import annotations
@@ -26,12 +30,18 @@ from onnx import ModelProto
 from .. import sketch as sk
 from ..compare import DropIn, check_drop_in
 from ..errors import OpscopeError
+from ..files import atomic_path, check_writable, write_text
 from ..graph.io import ModelLike
 from ..instrument import HostValues, Manifest, Rows, decode, host_values, inject
 from ..sites import Selection, Site
 from .feeds import DEFAULT_BATCHES, FeedSpec, describe_feeds, iter_feeds
+from .kernels import checked_sites
 from .session import RuntimeConfig, for_tapped, make_session, resolve_providers, run
-from .table import TableWriter, batch_table, format_of, sidecar_paths, write_sites
+from .table import TableWriter, batch_table, format_of, is_table_folder, sidecar_paths, write_sites
+
+RUN_JSON_EVERY = 1.0
+"""Seconds between rewrites of a running record's run.json: each costs ~2 ms on ext4, which flushes a
+file replaced by a rename, as much as a small batch's run; so a killed run's count lags by at most this."""
 
 
 @dataclass
@@ -89,26 +99,51 @@ class BatchPipeline:
 
 
 class _Sink:
-    """Decodes each batch's outputs into rows and appends them to the table. State is real: the
-    writer, the counts and the first batch's GEMM dims."""
+    """Decodes each batch's outputs into rows and appends them to the table, keeping the sidecars in
+    step. State is real: the writer, the counts, the first batch's GEMM dims and the run's record."""
 
     def __init__(self, writer: TableWriter, manifest: Manifest, host: HostValues, labels: tuple[str, str, str],
-                 progress: Callable[[int, int | None], None] | None, total: int | None):  # fmt: skip
+                 progress: Callable[[int, int | None], None] | None, total: int | None, meta: dict,
+                 started: float):  # fmt: skip
         self.writer, self.manifest, self.host, self.labels = writer, manifest, host, labels
-        self.progress, self.total = progress, total
+        self.progress, self.total, self.meta, self.started = progress, total, meta, started
         self.rows = self.steps = 0
         self.site_dims: dict[str, tuple] = {}
+        self.saved = started  # when run.json was last written
 
     def __call__(self, step: int, outputs: dict[str, np.ndarray]) -> None:  # on the pipeline's thread
         rows = decode(self.manifest, outputs, self.host)
-        if step == 0:
-            self.site_dims = _site_dims(rows)
         run_id, provider, dist = self.labels
-        self.writer.write(batch_table(rows, run_id, step, provider, dist))
+        table = batch_table(rows, run_id, step, provider, dist)
+        sites_path, run_path = sidecar_paths(self.writer.out)
+        if step == 0:  # the commit: the table and its sidecars replace the earlier ones together
+            self.site_dims = _site_dims(rows)
+            with atomic_path(sites_path) as sites_tmp, atomic_path(run_path) as run_tmp:
+                write_sites(sites_tmp, self.manifest, self.site_dims)
+                run_tmp.write_text(self.run_json(1, len(rows), interrupted=True))
+                self.writer.write(table)
+        else:
+            self.writer.write(table)
         self.rows += len(rows)
         self.steps += 1
+        if time.perf_counter() - self.saved > RUN_JSON_EVERY:
+            write_text(run_path, self.run_json(self.steps, self.rows, interrupted=True))
         if self.progress:
             self.progress(self.steps, self.total)
+
+    def run_json(self, batches: int, rows: int, interrupted: bool) -> str:
+        """`<stem>.run.json`: what ran and how; until the run ends it says `interrupted`, which a kill leaves.
+        Notes the time, for the next rewrite."""
+        self.saved = time.perf_counter()
+        seconds = round(self.saved - self.started, 3)
+        meta = {**self.meta, "batches": batches, "rows": rows, "seconds": seconds, "interrupted": interrupted}
+        return json.dumps(meta, indent=1, default=str)
+
+    def finish(self, complete: bool) -> None:
+        """Close the table (`_SUCCESS` when `complete`) and write the run's final record, if it kept a batch."""
+        self.writer.close(complete)
+        if self.steps:
+            write_text(sidecar_paths(self.writer.out)[1], self.run_json(self.steps, self.rows, not complete))
 
 
 def record(
@@ -138,10 +173,18 @@ def record(
     started = time.perf_counter()
     feeds, runtime, out = feeds or FeedSpec(), runtime or RuntimeConfig(), Path(out)
     fmt = format_of(out, fmt)
+    table_folder = is_table_folder if fmt == "parquet" else None  # an earlier table there may be replaced
+    check_writable(out, inputs=[model, feeds.data], replaces=table_folder)
+    for path in sidecar_paths(out):
+        check_writable(path, inputs=[model, feeds.data])
     if base_dir is None and not isinstance(model, ModelProto):
         base_dir = Path(model).parent
-    options = sk.for_providers(options or sk.SketchOptions(), _providers_quietly(runtime))
-    instrumented, manifest = inject(model, sites, sketches, options, placement)
+    providers = _providers_quietly(runtime)
+    options = sk.for_providers(options or sk.SketchOptions(), providers)
+    instrumented, manifest = _instrument(
+        model, sites, sketches, options, placement, providers, runtime, base_dir
+    )
+    batches = iter_feeds(instrumented, feeds)  # the feed options, checked against the model before any run
     # One copy of the model in memory: the instrumented one also gives the feeds' signature and
     # the weights; the plain parity session reads the file itself when there is one.
     host = host_values(manifest, instrumented, base_dir)  # the weight taps, once, before any batch
@@ -154,39 +197,47 @@ def record(
               "data" if feeds.data is not None else feeds.dist)  # fmt: skip
     total = feeds.batches if feeds.batches is not None else (None if feeds.data else DEFAULT_BATCHES)
     tol = parity_tol or default_parity_tolerance(runtime.graph_opt)
-    sink = _Sink(TableWriter(out, fmt), manifest, host, labels, progress, total)
+    meta = {
+        "run_id": run_id, "model": manifest.source, "model_sha256": manifest.source_sha256, "runtime": record_rt,
+        "feeds": _feed_record(feeds), "sketches": manifest.sketches, "options": manifest.options,
+        "placement": manifest.placement, "parity": None, "table": out.name,
+        "left_out": manifest.left_out,
+    }  # fmt: skip
+    sink = _Sink(TableWriter(out, fmt), manifest, host, labels, progress, total, meta, started)
     pipeline = BatchPipeline(sink)
-    gate = None
+    gate, complete = None, False
     try:
-        for step, batch in enumerate(iter_feeds(instrumented, feeds)):
+        for step, batch in enumerate(batches):
             check = parity and step == 0
             want = manifest.original_outputs + manifest.output_names() if check else manifest.output_names()
             outputs = dict(zip(want, run(session, batch, want)))
             if check:
                 gate = _parity_gate(model, runtime, base_dir, batch, manifest, outputs, tol)
+                meta["parity"] = asdict(gate)
             pipeline.submit(step, {name: outputs[name] for name in manifest.output_names()})
         pipeline.close()
+        complete = True
+    except KeyboardInterrupt:
+        pipeline.close(quiet=True)  # the batch already run is still written
+        raise KeyboardInterrupt(_kept(sink.steps, total, out)) from None
     finally:
-        pipeline.close(quiet=True)  # after an error or Ctrl-C: the batch already run is still written
-        sink.writer.close()
-        seconds = round(time.perf_counter() - started, 3)
-        sites_path, run_path = _write_sidecars(out, manifest, sink, run_id, record_rt, feeds, gate, seconds)
+        pipeline.close(quiet=True)  # after an error: the batch already run is still written
+        try:
+            sink.finish(complete)
+        except OpscopeError:
+            if complete:  # else an error is already being raised, and it is the one to report
+                raise
+    seconds = round(time.perf_counter() - started, 3)
+    sites_path, run_path = sidecar_paths(out)
     return RecordResult(out, sites_path, run_path, manifest, sink.steps, sink.rows, seconds, gate, record_rt)
 
 
-def _write_sidecars(out: Path, manifest: Manifest, sink: _Sink, run_id: str, runtime: dict, feeds: FeedSpec,
-                    gate: DropIn | None, seconds: float) -> tuple[Path, Path]:  # fmt: skip
-    """`<stem>.sites.csv` (the first batch's GEMM dims per site) and `<stem>.run.json` (what ran, how)."""
-    sites_path, run_path = sidecar_paths(out)
-    write_sites(sites_path, manifest, sink.site_dims)
-    meta = {
-        "run_id": run_id, "model": manifest.source, "model_sha256": manifest.source_sha256, "runtime": runtime,
-        "feeds": _feed_record(feeds), "sketches": manifest.sketches, "options": manifest.options,
-        "placement": manifest.placement, "batches": sink.steps, "rows": sink.rows, "seconds": seconds,
-        "parity": asdict(gate) if gate else None, "table": out.name,
-    }  # fmt: skip
-    run_path.write_text(json.dumps(meta, indent=1, default=str))
-    return sites_path, run_path
+def _kept(steps: int, total: int | None, out: Path) -> str:
+    """What an interrupted run kept, for its one line."""
+    of = f" of {total}" if total else ""
+    if not steps:
+        return f"kept 0{of} batches: nothing written, {out} is as it was"
+    return f"kept {steps}{of} batches in {out}"
 
 
 def _parity_gate(model: ModelLike, runtime: RuntimeConfig, base_dir: str | os.PathLike | None,
@@ -202,10 +253,27 @@ def _parity_gate(model: ModelLike, runtime: RuntimeConfig, base_dir: str | os.Pa
         raise OpscopeError(
             f"parity failed on batch 0 ({describe_feeds(batch)}): output {gate.worst_output!r} moved by "
             f"{gate.max_abs:.3g} ({gate.max_rel:.3g} of its max) with the taps in place (rtol {tol[0]}, atol {tol[1]})",
-            hint="record with --opt-level disable, or loosen --parity-tol; --no-parity skips the check",
+            hint="a tap stopped an onnxruntime fusion that changes numerics: leave its site out (--name, --op, "
+            "--role), or loosen --parity-tol; --no-parity skips the check (--opt-level disable would measure "
+            "another model than the one onnxruntime runs)",
             exit_code=3,
         )
     return gate
+
+
+def _instrument(model: ModelLike, sites: list[Site] | Selection | None, sketches: list[str] | None,
+                options: sk.SketchOptions, placement: str, providers: list[str], runtime: RuntimeConfig,
+                base_dir: str | os.PathLike | None) -> tuple[ModelProto, Manifest]:  # fmt: skip
+    """`inject`, without the taps that would change onnxruntime's integer kernels (`run.kernels`): each
+    one left out is a warning and an entry of the manifest's (and run.json's) `left_out`."""
+
+    def build(chosen: list[Site] | Selection | None) -> tuple[ModelProto, Manifest]:
+        return inject(model, chosen, sketches, options, placement, providers)
+
+    sites, left_out = checked_sites(model, sites, runtime, base_dir, lambda chosen: build(chosen).model)
+    instrumented, manifest = build(sites)
+    manifest.left_out = [asdict(c) for c in left_out]
+    return instrumented, manifest
 
 
 def _providers_quietly(runtime: RuntimeConfig) -> list[str]:

@@ -164,6 +164,7 @@ class RuntimeConfig:
     # kernels: 64 bare Shape taps on bert_like cost 1.16x plain, 1.00x in priority order.
     execution_order: str = "default"
     profile_prefix: str | None = None  # write onnxruntime's profile (JSON) to <prefix>_<date>.json
+    optimized_model: str | None = None  # save the graph onnxruntime runs there (weights beside it)
 
     def __post_init__(self) -> None:
         if self.graph_opt not in GRAPH_OPT_LEVELS:
@@ -191,6 +192,15 @@ class RuntimeConfig:
             so.profile_file_prefix = self.profile_prefix
         if self.threads is not None:
             so.intra_op_num_threads = self.threads
+        if self.optimized_model is not None:
+            so.optimized_model_filepath = self.optimized_model
+            # weights to a file beside it: a graph over 2 GB could not be saved, and nothing reads them
+            so.add_session_config_entry(
+                "session.optimized_model_external_initializers_file_name", "weights.bin"
+            )
+            so.add_session_config_entry(
+                "session.optimized_model_external_initializers_min_size_in_bytes", "64"
+            )
         # Failures are reported by us in one line; onnxruntime's own error log would repeat
         # them as multi-line, colored text on stderr.
         so.log_severity_level = 4

@@ -10,10 +10,11 @@ in `site.KIND_SKETCHES`.
 from .attention import SHADOW_SUFFIX
 from .find import TAPPABLE_OPS, find_sites, subgraphs_not_tappable
 from .select import Selection, select
-from .site import KIND_SKETCHES, SITE_KINDS, Site, Tap, all_roles
+from .site import KIND_SKETCHES, SITE_KINDS, Dequant, Site, Tap, all_roles
 
 __all__ = [
     "KIND_SKETCHES",
+    "Dequant",
     "SHADOW_SUFFIX",
     "SITE_KINDS",
     "TAPPABLE_OPS",

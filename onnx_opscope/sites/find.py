@@ -17,6 +17,7 @@ from ..graph.proto import DEFAULT_DOMAINS, int_numbers
 from ..shapes import ShapeTable, infer_shapes
 from .attention import FUSED_ATTENTION, fused_attention_taps, softmax_taps
 from .gemm import GEMM_OPS, gemm_taps
+from .qdq import through_qdq
 from .residual import residual_taps
 from .routing import argmax_taps, topk_taps
 from .site import Site, Tap
@@ -80,6 +81,7 @@ def find_sites(
         if found is None:
             continue
         kind, taps, extra = found
+        taps = through_qdq(node, taps, view)
         attrs = {**int_numbers(node), **extra}
         out.append(
             Site(entry.ids[i], node.op_type, kind, node.name, entry.path, len(out), tuple(taps), attrs)

@@ -27,12 +27,24 @@ KIND_SKETCHES: dict[str, tuple[str, ...]] = {
 
 
 @dataclass(frozen=True)
+class Dequant:
+    """A tap that dequantizes its quantized tensor first, as the DequantizeLinear it stands in for
+    (`sites.qdq`): scale and zero point tensor names ("" when absent), integer attributes, domain."""
+
+    scale: str
+    zero_point: str = ""
+    attrs: tuple[tuple[str, int], ...] = ()
+    domain: str = ""
+
+
+@dataclass(frozen=True)
 class Tap:
     role: str
     tensor: str
     channel_axis: int = -1
     seq_axis: int = -2
     bins: int | None = None  # route taps: the number of experts E (None: not static)
+    dequant: Dequant | None = None  # read `tensor` through a DequantizeLinear (QDQ models)
 
 
 @dataclass(frozen=True)
