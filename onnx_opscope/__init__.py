@@ -4,6 +4,8 @@ The public API: each function is one call for what its `opscope` command does.
 
     analyze(model)                     static per-op cost, roofline, roll-ups      (opscope analyze)
     inject(model, sites, sketches)     instrumented model + manifest               (opscope inject)
+    keep_kernels(model, sites_of(model), RuntimeConfig())  the sites without taps that would
+                                       change onnxruntime's integer kernels (record and the CLI do it)
     record(model, out=..., feeds=...)  run batches, write the sketch table         (opscope record)
     read_table(path)                   a sketch table: a folder of parts, a killed run's too
     mine(table)                        findings: signals, rules, plan              (opscope mine)
@@ -16,7 +18,7 @@ Names are imported on first use, so `import onnx_opscope` stays cheap (no onnxru
 pyarrow or matplotlib until a function that needs them is called).
 
 The package follows the pipeline, each layer importing only from layers below it:
-errors -> graph -> shapes -> sites -> sketch -> instrument -> transform -> compare -> run ->
+errors -> files -> graph -> shapes -> sites -> sketch -> instrument -> transform -> compare -> run ->
 analysis -> findings -> reporting -> cli (tests/test_layout.py holds the code to it). Packages
 are nouns and API functions verbs (`analysis` holds `analyze`, `findings` holds `mine`):
 a package named like a function would rebind `onnx_opscope.<name>` to itself on import.
@@ -38,6 +40,7 @@ _API = {
     "SketchOptions": "sketch",
     "inject": "instrument",
     "inject_file": "instrument",
+    "sites_of": "instrument",
     "decode": "instrument",
     "host_values": "instrument",
     "load_manifest": "instrument",
@@ -47,6 +50,7 @@ _API = {
     "FeedSpec": "run",
     "RuntimeConfig": "run",
     "make_session": "run",
+    "keep_kernels": "run",
     "record": "run",
     "read_table": "run",
     "parity": "run",

@@ -2,6 +2,7 @@
 
 - `feeds`: seeded synthetic distributions or real data files, checked against the model;
 - `session`: execution providers by short name, session options, one-line failures;
+- `kernels`: `keep_kernels`, the taps that would change onnxruntime's integer kernels, left out;
 - `recorder`: `record` (inject, run every batch, decode, append to the table, parity gate);
 - `table`: the tidy sketch table, written batch by batch, and `read_table`;
 - `parity`: a model against its rewrite or against itself on another provider;
@@ -9,6 +10,7 @@
 """
 
 from .feeds import DISTRIBUTIONS, FeedSpec, input_signature, iter_feeds, load_data, synthetic_feeds
+from .kernels import KernelChange, KernelChangeWarning, keep_kernels
 from .parity import parity, parity_models, parity_providers, validate_skips
 from .recorder import RecordResult, record
 from .rewrite import WrittenRewrite, write_rewrite
@@ -20,10 +22,13 @@ __all__ = [
     "DISTRIBUTIONS",
     "SCHEMA",
     "FeedSpec",
+    "KernelChange",
+    "KernelChangeWarning",
     "RecordResult",
     "RuntimeConfig",
     "input_signature",
     "iter_feeds",
+    "keep_kernels",
     "load_data",
     "make_session",
     "parity",
