@@ -40,6 +40,7 @@ from .session import RuntimeConfig, make_session, resolve_providers
 
 _INTEGER = re.compile(r"^Q[A-Z]|Integer|Quantize|NBits|Bnb4")
 _TAP_NODES = ("opscope_",)
+_FUSED_FROM = {"QuantizeLinear", "DequantizeLinear", "DynamicQuantizeLinear", "MatMulInteger", "ConvInteger"}
 Unit = tuple[int, str]  # (index in the site list, role)
 
 
@@ -65,8 +66,10 @@ class KernelChange:
 
 
 def has_quantized_ops(model: ModelProto) -> bool:
-    """Whether any node of the model (subgraphs included) is an integer / quantization op."""
-    return any(_INTEGER.search(n.op_type) for _, _, n in ModelIndex(model).nodes())
+    """Whether any node of the model (subgraphs included) is one onnxruntime fuses into an integer kernel:
+    (Dynamic)QuantizeLinear, DequantizeLinear, MatMulInteger, ConvInteger. Models made only of fused
+    kernels already (QLinear*, MatMulNBits) have nothing a tap could unfuse: they skip the check."""
+    return any(n.op_type in _FUSED_FROM for _, _, n in ModelIndex(model).nodes())
 
 
 def integer_kernels(
