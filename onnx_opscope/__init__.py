@@ -11,6 +11,8 @@ The public API: each function is one call for what its `opscope` command does.
     mine(table)                        findings: signals, rules, plan              (opscope mine)
     report(table, out_path)            Markdown / HTML report with plots           (opscope report)
     parity(a, b) / parity(a, providers=...)  outputs and first diverging layer     (opscope parity)
+    calibrate(model, feeds)            quantization ranges of what quantize_static calibrates
+                                       (opscope calibrate); caches and QDQ: calibration.export
     fake_quant(model) / skip_blocks(model, adds)  rewrites, typed results          (opscope rewrite)
     write_rewrite(model, rewritten, out)  save it and score it against the model
 
@@ -19,7 +21,7 @@ pyarrow or matplotlib until a function that needs them is called).
 
 The package follows the pipeline, each layer importing only from layers below it:
 errors -> files -> graph -> shapes -> sites -> sketch -> instrument -> transform -> compare -> run ->
-analysis -> findings -> reporting -> cli (tests/test_layout.py holds the code to it). Packages
+calibration -> analysis -> findings -> reporting -> cli (tests/test_layout.py holds the code to it). Packages
 are nouns and API functions verbs (`analysis` holds `analyze`, `findings` holds `mine`):
 a package named like a function would rebind `onnx_opscope.<name>` to itself on import.
 """
@@ -56,6 +58,7 @@ _API = {
     "parity": "run",
     "validate_skips": "run",
     "write_rewrite": "run",
+    "calibrate": "calibration",
     "analyze": "analysis",
     "MineConfig": "findings",
     "mine": "findings",

@@ -25,6 +25,7 @@ LAYERS = [
     "transform",
     "compare",
     "run",
+    "calibration",
     "analysis",
     "findings",
     "reporting",
