@@ -250,6 +250,39 @@ def test_cache_loads_in_quantize_static_without_calibration(tmp_path, monkeypatc
     assert json.loads(cache.read_text())["smooth_quant"] is False
 
 
+@pytest.mark.parametrize(
+    "method, theirs",
+    [("entropy", CalibrationMethod.Entropy), ("percentile", CalibrationMethod.Percentile)],
+)
+def test_histogram_method_caches_load_in_quantize_static(method, theirs, tmp_path, monkeypatch):
+    """An entropy / percentile cache is loaded by quantize_static given the same method, with no
+    calibration of its own, and the QDQ model's scales come from our ranges."""
+    path = generated_model_path("cnn")
+    ours = onnx_opscope.calibrate(path, FeedSpec(batches=2), method=method, bins=512)
+    cache = write_ranges(ours, tmp_path / f"{method}.json")
+    assert load_tensors_data(cache).calibration_method == theirs
+    _no_calibration(monkeypatch)
+    out = tmp_path / "q.onnx"
+    quantize_static(
+        str(path),
+        str(out),
+        calibration_data_reader=None,
+        calibrate_method=theirs,
+        calibration_cache_path=str(cache),
+    )
+    q = onnx.load(out)
+    scales = {
+        t.name.removesuffix("_scale"): onnx.numpy_helper.to_array(t)
+        for t in q.graph.initializer
+        if t.name.endswith("_scale") and t.name.removesuffix("_scale") in ours.ranges
+    }
+    assert len(scales) >= 4
+    # each activation scale quantize_static wrote is (max(hi, 0) - min(lo, 0)) / 255 of our range
+    for name, scale in scales.items():
+        lo, hi = (float(v) for v in ours.ranges[name])
+        np.testing.assert_allclose(float(scale), (max(hi, 0.0) - min(lo, 0.0)) / 255, rtol=1e-6, err_msg=name)
+
+
 def test_tensorrt_caches(tmp_path):
     ours = onnx_opscope.calibrate(generated_model_path("cnn"), FeedSpec(batches=2))
     lines = write_ranges(ours, tmp_path / "c.trt", "trt").read_text().splitlines()
