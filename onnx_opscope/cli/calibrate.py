@@ -101,8 +101,8 @@ def add_parser(sub) -> argparse.ArgumentParser:
     )
     add_quiet_argument(p)
     add_feed_arguments(p)
-    add_runtime_arguments(p)
-    p.set_defaults(opt_level="disable")
+    # off by default: the floats onnxruntime's own calibrator sees (it runs without optimizations)
+    add_runtime_arguments(p, opt_level="disable")
     return p
 
 

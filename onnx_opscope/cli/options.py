@@ -219,7 +219,9 @@ def feed_spec_from_args(args: argparse.Namespace) -> FeedSpec:
 
 
 def add_runtime_arguments(
-    parser: argparse.ArgumentParser, what: str = "onnxruntime execution provider and session options"
+    parser: argparse.ArgumentParser,
+    what: str = "onnxruntime execution provider and session options",
+    opt_level: str = "all",
 ) -> None:
     """The onnxruntime options shared by `record`, `parity`, `rewrite` and `inject`."""
     g = parser.add_argument_group("runtime", what)
@@ -238,10 +240,10 @@ def add_runtime_arguments(
     )
     g.add_argument(
         "--opt-level",
-        default="all",
+        default=opt_level,
         metavar="LEVEL",
-        help="onnxruntime graph optimizations: all, extended, basic or disable (default: all). Tapped tensors "
-        "block some fusions, so outputs may move slightly unless this is 'disable'",
+        help=f"onnxruntime graph optimizations: all, extended, basic or disable (default: {opt_level}). Tapped "
+        "tensors block some float fusions, so outputs may move by float rounding unless this is 'disable'",
     )
     g.add_argument(
         "--threads", type=int, default=None, metavar="N", help="intra-op threads (default: onnxruntime's)"
