@@ -43,6 +43,7 @@ outliers as onnxruntime treats outliers).
 
 from __future__ import annotations
 
+import os
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
@@ -239,14 +240,17 @@ def histogram_pass(
     *,
     bins: int = 2048,
     mode: str = "symmetric",
+    base_dir: str | os.PathLike | None = None,
 ) -> dict[str, Histogram]:
     """Histograms of every tensor in `ranges` over all `feeds` (one session run per feed dict).
 
     `ranges`: each tensor's (min, max) from pass 1, keyed by name or `CalibTensor`; `mode`:
     "symmetric" | "absolute" | "minmax" (the module doc). The model is not changed (a copy is
-    instrumented); external weights stay on disk.
+    instrumented); external weights stay on disk. `base_dir`: the folder a ModelProto's external
+    data locations are relative to (default: a path's own folder).
     """
-    base_dir = None if isinstance(model, ModelProto) else Path(model).parent
+    if base_dir is None and not isinstance(model, ModelProto):
+        base_dir = Path(model).parent
     tapped = ModelProto()
     tapped.CopyFrom(load_model(model))
     taps = add_histogram_taps(tapped, ranges, bins, mode)

@@ -78,6 +78,9 @@ def _as_float(v: Any) -> np.ndarray:
     return arr.reshape(1) if arr.dtype in (np.float16, np.float32) else arr.astype(np.float32).reshape(1)
 
 
+DEFAULT_BINS = {"entropy": 128}  # onnxruntime's create_calibrator defaults: 128 for entropy, 2048 otherwise
+
+
 def calibrate(
     model: ModelLike,
     feeds: Feeds = None,
@@ -86,7 +89,7 @@ def calibrate(
     op_types: Iterable[str] | None = None,
     runtime: RuntimeConfig | None = None,
     symmetric: bool | None = None,
-    bins: int = 2048,
+    bins: int | None = None,
     percentile: float = 99.999,
     base_dir: str | os.PathLike | None = None,
     progress: Callable[[int, int | None], None] | None = None,
@@ -96,7 +99,9 @@ def calibrate(
 
     `runtime` defaults to onnxruntime's calibrator's session (CPU, graph optimizations off), which
     makes `minmax` equal its ranges bit for bit. `symmetric`: (-m, m) with m = max(|lo|, |hi|), as
-    onnxruntime's CalibTensorRangeSymmetric (None: its default, on for percentile only). `bins` and `percentile` are for the histogram methods.
+    onnxruntime's CalibTensorRangeSymmetric (None: its default, on for percentile only). `bins` and
+    `percentile` are for the histogram methods; `bins` None is onnxruntime's default for the method
+    (`create_calibrator`: 128 for entropy, 2048 otherwise), so `--method entropy` means its entropy.
     `progress(done, total_or_None)` is called after each batch of each pass.
     """
     started = time.perf_counter()
@@ -123,11 +128,14 @@ def calibrate(
     if symmetric is None:  # onnxruntime's defaults: create_calibrator's extra_options
         symmetric = method == "percentile"
     options: dict[str, Any] = {"symmetric": symmetric}
+    bins = bins or DEFAULT_BINS.get(method, 2048)
     if methods_api is not None:
         histogram_pass, compute_ranges = methods_api
         mode = "absolute" if method == "percentile" and symmetric else "symmetric"
         counted = {t: minmax[t.name] for t in tensors if t.name in minmax}
-        hists = histogram_pass(source, counted, _replayable(feeds, source), runtime, bins=bins, mode=mode)
+        hists = histogram_pass(
+            source, counted, _replayable(feeds, source), runtime, bins=bins, mode=mode, base_dir=base_dir
+        )
         extra = {"percentile": percentile, "symmetric": symmetric} if method == "percentile" else {}
         ranges = compute_ranges(method, hists, **extra)
         options.update(bins=bins, mode=mode, **extra)

@@ -76,7 +76,13 @@ def add_parser(sub) -> argparse.ArgumentParser:
         default=None,
         help="ranges (-m, m), m = max(|min|, |max|) (default: onnxruntime's, on for percentile only)",
     )
-    p.add_argument("--bins", type=int, default=2048, metavar="N", help="histogram bins (default 2048)")
+    p.add_argument(
+        "--bins",
+        type=int,
+        default=None,
+        metavar="N",
+        help="histogram bins (default: onnxruntime's for the method: 128 for entropy, 2048 otherwise)",
+    )
     p.add_argument(
         "--percentile",
         type=float,
@@ -109,7 +115,7 @@ def add_parser(sub) -> argparse.ArgumentParser:
 def run(args: argparse.Namespace) -> int:
     feeds = feed_spec_from_args(args)
     runtime = runtime_config_from_args(args)
-    if args.bins < 2:
+    if args.bins is not None and args.bins < 2:
         raise OpscopeError(f"--bins {args.bins}: expected at least 2")
     if not 0 < args.percentile <= 100:
         raise OpscopeError(f"--percentile {args.percentile}: expected a value in (0, 100]")
