@@ -231,9 +231,10 @@ def prepare_cases(work: Path, quick: bool, n: int, only: set[str] | None) -> lis
 # running one measurement in its own process
 
 
-def run_child(job: dict, timeout: float) -> dict:
-    """Run `bench.py --one JOB` and return the JSON it printed, or an error naming how it died."""
-    cmd = [sys.executable, str(Path(__file__).resolve()), "--one", json.dumps(job)]
+def run_child(job: dict, timeout: float, script: Path | None = None) -> dict:
+    """Run `bench.py --one JOB` (or `script --one JOB`) and return the JSON it printed, or an error
+    naming how it died."""
+    cmd = [sys.executable, str(script or Path(__file__).resolve()), "--one", json.dumps(job)]
     try:
         proc = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout)
     except subprocess.TimeoutExpired:

@@ -212,24 +212,28 @@ class _Reader:
         return next(self._it, None)
 
 
-def run_calibrator(job: dict, method: str) -> dict:
+def run_calibrator(job: dict, method: str, extra_options: dict | None = None) -> dict:
     """onnxruntime.quantization.calibrate.create_calibrator(model, op types, method), as installed.
 
     Timed: collect_data over all N batches plus compute_data, divided by N (MinMax calls
     compute_data inside collect_data). Untimed: create_calibrator (augment, save, session) and
-    one warm-up collect_data, whose state is dropped before the timed pass.
+    one warm-up collect_data, whose state is dropped before the timed pass; create_calibrator's
+    seconds are returned as `setup_s`. `extra_options` go to create_calibrator (e.g. num_bins).
     """
     from onnxruntime.quantization.calibrate import CalibrationDataReader, CalibrationMethod, create_calibrator
 
     CalibrationDataReader.register(_Reader)
     batches = load_batches(job["feeds"])
     with tempfile.TemporaryDirectory(prefix="opscope-cal-") as tmp:
+        t_setup = time.perf_counter()
         cal = create_calibrator(
             Path(job["model"]),
             job["ops"],
             augmented_model_path=str(Path(tmp) / "augmented.onnx"),
             calibrate_method=getattr(CalibrationMethod, method),
+            extra_options=extra_options or {},
         )
+        setup_s = time.perf_counter() - t_setup
         n_tensors = len(cal.select_tensors_to_calibrate(cal.model)[0])
         cal.collect_data(_Reader(batches[: job["warmup"]]))
         for attr in ("collector", "calibrate_tensors_range"):  # forget the warm-up batches
@@ -243,7 +247,7 @@ def run_calibrator(job: dict, method: str) -> dict:
         t2 = time.perf_counter()
     n = len(batches)
     note = f"collect {1e3 * (t1 - t0) / n:.1f} ms/batch + compute {1e3 * (t2 - t1):.0f} ms"
-    return {"times": [(t2 - t0) / n], "tensors": n_tensors, "note": note}
+    return {"times": [(t2 - t0) / n], "tensors": n_tensors, "note": note, "setup_s": setup_s}
 
 
 def run_copy_out(job: dict, via: str) -> dict:

@@ -1,4 +1,5 @@
-"""Smoke test of the benchmark script: `scripts/bench.py --quick` runs, prints its table, exits 0.
+"""Smoke tests of the benchmark scripts: `scripts/bench.py --quick` and `scripts/bench_calibrate.py
+--quick` run, print their tables, exit 0.
 
 It never asserts on a time or a memory figure: those belong to BENCHMARKS.md, measured on a
 quiet machine, not to CI.
@@ -13,10 +14,11 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
 BENCH = ROOT / "scripts" / "bench.py"
+BENCH_CALIBRATE = ROOT / "scripts" / "bench_calibrate.py"
 
 
-def _bench_module():
-    spec = importlib.util.spec_from_file_location("opscope_bench", BENCH)
+def _bench_module(path: Path = BENCH, name: str = "opscope_bench"):
+    spec = importlib.util.spec_from_file_location(name, path)
     module = importlib.util.module_from_spec(spec)
     sys.modules[spec.name] = module  # dataclasses look their module up while the file runs
     spec.loader.exec_module(module)
@@ -35,4 +37,27 @@ def test_quick_run_prints_every_row():
         assert f"| {name} |" in out, f"row {name!r} missing from the table"
     assert "inject_file" in out
     assert "costs.analyze" in out  # its row is there even while the analyzer cannot be imported
+    assert "## Goals" in out
+
+
+def test_calibrate_quick_run_prints_every_row():
+    """Every row of bench_calibrate.py, ours and onnxruntime's, measured on transformer_block (< 30 s)."""
+    bench = _bench_module(BENCH_CALIBRATE, "opscope_bench_calibrate")
+    proc = subprocess.run(
+        [sys.executable, str(BENCH_CALIBRATE), "--quick"],
+        capture_output=True,
+        text=True,
+        timeout=300,
+        cwd=ROOT,
+    )
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    out = proc.stdout
+    assert "| model | measurement |" in out
+    assert "(the same set)" in out  # our selection is onnxruntime's, checked before measuring
+    settings = bench.Settings(quick=True, rounds=1, batches=2, many=4, bins=128, timeout=120)
+    rows = {line.split(" | ")[1]: line for line in out.splitlines() if line.startswith("| ")}
+    for row in bench.rows_for(settings):
+        assert row.label in rows, f"row {row.label!r} missing from the table"
+        assert "**failed**" not in rows[row.label], rows[row.label]
+    assert "ORT EntropyCalibrater, 4 batches" in rows  # the row that says why it is not run
     assert "## Goals" in out
