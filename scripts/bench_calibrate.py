@@ -8,9 +8,9 @@ Side by side in one run, per model, on the same tensors and the same feeds:
 - `onnx_opscope.calibrate(method="minmax")` vs onnxruntime's `MinMaxCalibrater`, and
   `"entropy"` / `"percentile"` vs `EntropyCalibrater` / `PercentileCalibrater`
   (`create_calibrator(..., calibrate_method=...)`, `collect_data` + `compute_data`), both tools at
-  the same bin count (`--bins`, default 2048: ours and onnxruntime's percentile default;
-  onnxruntime's entropy default is 128) and onnxruntime's other defaults (percentile 99.999,
-  symmetric for percentile only, which are ours too);
+  the same bin count: `--bins`, else `create_calibrator`'s default for the method (128 for
+  entropy, 2048 for percentile; `calibrate`'s too), and onnxruntime's other defaults (percentile
+  99.999, symmetric for percentile only, which are ours too);
 - ours again at `--many` batches (default 1,000: the N batches cycled), to show that its memory
   does not grow with the batch count; onnxruntime's histogram calibrators are not run there: they
   keep every batch's outputs until `compute_data`;
@@ -63,6 +63,8 @@ SCRIPT = Path(__file__).resolve()
 MB = bench.MB
 FLAT_MB = 10.0  # "flat": our extra memory at --many batches within this of that at --batches
 PEER = {"minmax": "MinMax", "entropy": "Entropy", "percentile": "Percentile"}
+ORT_BINS = {"entropy": 128, "percentile": 2048}  # create_calibrator's num_bins defaults
+CHOICES = ("minmax", "entropy", "percentile", "qdq")
 MIXED_NOTE = (
     "Every batch has the same shape: onnxruntime's EntropyCalibrater and PercentileCalibrater "
     "crash on batches of different shapes (`ValueError: ... inhomogeneous shape`, they np.asarray "
@@ -92,7 +94,7 @@ def run_ours(job: dict) -> dict:
     batches = peers.load_batches(job["feeds"])
     count = job.get("count") or len(batches)
     feeds = batches if count == len(batches) else _Cycle(batches, count)
-    options = {"method": job["method"], "op_types": job["ops"], "bins": job["bins"]}
+    options = {"method": job["method"], "op_types": job["ops"], "bins": job["bins"] or None}
     # warm-up: sessions, kernels, lazy imports (a min/max pass is enough, and cheap on every model)
     onnx_opscope.calibrate(job["model"], batches[:1], op_types=job["ops"])
     stamps: list[float] = []
@@ -211,16 +213,22 @@ class Row:
 def rows_for(s: Settings) -> list[Row]:
     rows = [Row("plain", "plain session, graph opt off (baseline)", "plain", {})]
     for m in ("minmax", "entropy", "percentile"):
+        if m not in s.methods:
+            continue
         ours, theirs = f'calibrate(method="{m}")', f"ORT {PEER[m]}Calibrater"
         if m != "minmax":
-            ours, theirs = f"{ours[:-1]}, bins={s.bins})", f"{theirs}, num_bins={s.bins}"
-        rows.append(Row(f"ours {m}", ours, "ours", {"method": m}))
-        rows.append(Row(f"ort {m}", theirs, "ort", {"method": PEER[m]}))
+            ours, theirs = f"{ours[:-1]}, bins={s.bins_for(m)})", f"{theirs}, num_bins={s.bins_for(m)}"
+        rows.append(Row(f"ours {m}", ours, "ours", {"method": m, "bins": s.bins_for(m)}))
+        rows.append(Row(f"ort {m}", theirs, "ort", {"method": PEER[m], "bins": s.bins_for(m)}))
     for m in ("entropy", "percentile"):
-        label = f'calibrate(method="{m}", bins={s.bins}), {s.many} batches'
-        rows.append(Row(f"ours {m} many", label, "ours", {"method": m, "count": s.many}))
-    rows.append(Row("qdq ours", "calibrate + quantize_qdq", "qdq", {"tool": "ours"}))
-    rows.append(Row("qdq ort", "quantize_static, own MinMax", "qdq", {"tool": "ort"}))
+        if m in s.methods:
+            label = f'calibrate(method="{m}", bins={s.bins_for(m)}), {s.many} batches'
+            rows.append(
+                Row(f"ours {m} many", label, "ours", {"method": m, "bins": s.bins_for(m), "count": s.many})
+            )
+    if "qdq" in s.methods:
+        rows.append(Row("qdq ours", "calibrate + quantize_qdq", "qdq", {"tool": "ours"}))
+        rows.append(Row("qdq ort", "quantize_static, own MinMax", "qdq", {"tool": "ort"}))
     return rows
 
 
@@ -282,8 +290,8 @@ def run_all(cases: list[Case], rows: list[Row], s: Settings) -> dict[tuple[str, 
                 continue
             for row in rows:
                 job = {
-                    "kind": row.kind, **row.args, "model": str(case.model), "feeds": str(case.feeds),
-                    "ops": case.ops, "warmup": 1, "threads": s.threads, "bins": s.bins, "batches": s.batches,
+                    "kind": row.kind, "bins": 0, **row.args, "model": str(case.model), "feeds": str(case.feeds),
+                    "ops": case.ops, "warmup": 1, "threads": s.threads, "batches": s.batches,
                 }  # fmt: skip
                 t0 = time.perf_counter()
                 res = bench.run_child(job, s.timeout, script=SCRIPT)
@@ -353,6 +361,7 @@ def ratios(results: dict, case: str, ours: str, theirs: str) -> tuple[Spread, Sp
 
 
 def environment(s: Settings, argv: list[str], load: tuple[float, ...]) -> list[str]:
+    bins = ", ".join(f"{m} {s.bins_for(m)}" for m in ORT_BINS if m in s.methods) or "–"
     versions = ", ".join(f"{d} {bench._version(d)}" for d in ("onnx-opscope", "onnxruntime", "onnx", "numpy"))
     threads = (
         f"{s.threads} intra-op thread(s) in every session, the calibrators' too (bench_peers.pin_threads)"
@@ -367,7 +376,7 @@ def environment(s: Settings, argv: list[str], load: tuple[float, ...]) -> list[s
         f"- threads: {threads}; CPU provider",
         f"- load average (1 min) at start / end: {load[0]:.1f} / {os.getloadavg()[0]:.1f}",
         f"- {s.rounds} round(s), interleaved; {s.batches} batches per row ({s.many} for the `many` rows: the "
-        f"{s.batches} cycled); histogram methods at {s.bins} bins, both tools; each (model, row, round) in a fresh process",
+        f"{s.batches} cycled); histogram bins, both tools: {bins}; each (model, row, round) in a fresh process",
     ]
 
 
@@ -436,6 +445,30 @@ def not_run(results: dict, case: Case, peer: str, s: Settings) -> str:
     return f"not run: keeps every batch's outputs until compute_data{grow}"
 
 
+def _histogram_goals(c: Case, m: str, results: dict, s: Settings, mark) -> list[str]:
+    r = ratios(results, c.name, f"ours {m}", f"ort {m}")
+    if r is None:
+        err = figures(results, c.name, f"ort {m}")
+        why = err if isinstance(err, str) else "ours failed"
+        return [f"| {c.name} | {m}: ≥ 4× faster, ≥ 20× less memory | n/a ({why}) | n/a |"]
+    speed, mem = r
+    lines = [
+        f"| {c.name} | {m} ≥ 4× faster than {PEER[m]}Calibrater | {speed.fmt('.2f', '×')} | "
+        f"{mark(speed.median >= 4)} |",
+        f"| {c.name} | {m} ≥ 20× less extra memory at {s.batches} batches | {mem.fmt('.1f', '×')} | "
+        f"{mark(bool(mem.values) and mem.median >= 20)} |",
+    ]
+    few, many = figures(results, c.name, f"ours {m}"), figures(results, c.name, f"ours {m} many")
+    if isinstance(few, str) or isinstance(many, str) or not few[1].values:
+        return [*lines, f"| {c.name} | {m}: extra memory flat over batches | n/a | n/a |"]
+    grow = many[1].median - few[1].median
+    return [
+        *lines,
+        f"| {c.name} | {m}: extra memory flat, {s.batches} → {s.many} batches (within {FLAT_MB:.0f} MB) | "
+        f"{few[1].fmt('+.0f')} → {many[1].fmt('+.0f')} MB ({grow:+.0f}) | {mark(grow <= FLAT_MB)} |",
+    ]
+
+
 def goals(cases: list[Case], results: dict, s: Settings) -> list[str]:
     def mark(ok: bool | None) -> str:
         if s.quick:
@@ -443,45 +476,22 @@ def goals(cases: list[Case], results: dict, s: Settings) -> list[str]:
         return "n/a" if ok is None else ("**met**" if ok else "**missed**")
 
     lines = ["| model | goal | measured, median [min–max] over rounds | status |", "|---|---|---|---|"]
-    for c in cases:
-        if c.missing:
-            continue
-        r = ratios(results, c.name, "ours minmax", "ort minmax")
-        speed = r[0] if r else None
-        lines.append(
-            f"| {c.name} | minmax no slower than MinMaxCalibrater | "
-            f"{speed.fmt('.2f', '×') + ' faster' if speed else 'n/a'} | {mark(speed and speed.median >= 1)} |"
-        )
-        for m in ("entropy", "percentile"):
-            r = ratios(results, c.name, f"ours {m}", f"ort {m}")
-            if r is None:
-                err = figures(results, c.name, f"ort {m}")
-                why = err if isinstance(err, str) else "ours failed"
-                lines.append(f"| {c.name} | {m}: ≥ 4× faster, ≥ 20× less memory | n/a ({why}) | n/a |")
-                continue
-            speed, mem = r
+    for c in (c for c in cases if not c.missing):
+        if "minmax" in s.methods:
+            r = ratios(results, c.name, "ours minmax", "ort minmax")
+            speed = r[0] if r else None
             lines.append(
-                f"| {c.name} | {m} ≥ 4× faster than {PEER[m]}Calibrater | {speed.fmt('.2f', '×')} | "
-                f"{mark(speed.median >= 4)} |"
+                f"| {c.name} | minmax no slower than MinMaxCalibrater | "
+                f"{speed.fmt('.2f', '×') + ' faster' if speed else 'n/a'} | {mark(speed and speed.median >= 1)} |"
             )
+        for m in (m for m in ("entropy", "percentile") if m in s.methods):
+            lines += _histogram_goals(c, m, results, s, mark)
+        if "qdq" in s.methods:
+            q = ratios(results, c.name, "qdq ours", "qdq ort")
             lines.append(
-                f"| {c.name} | {m} ≥ 20× less extra memory at {s.batches} batches | {mem.fmt('.1f', '×')} | "
-                f"{mark(bool(mem.values) and mem.median >= 20)} |"
+                f"| {c.name} | time to a QDQ model vs quantize_static (no number set) | "
+                f"{q[0].fmt('.2f', '×') + ' faster' if q else 'n/a'} | {'n/a (quick run)' if s.quick else 'reported'} |"
             )
-            few, many = figures(results, c.name, f"ours {m}"), figures(results, c.name, f"ours {m} many")
-            if isinstance(few, str) or isinstance(many, str) or not few[1].values:
-                lines.append(f"| {c.name} | {m}: extra memory flat over batches | n/a | n/a |")
-                continue
-            grow = many[1].median - few[1].median
-            lines.append(
-                f"| {c.name} | {m}: extra memory flat, {s.batches} → {s.many} batches (within {FLAT_MB:.0f} MB) | "
-                f"{few[1].fmt('+.0f')} → {many[1].fmt('+.0f')} MB ({grow:+.0f}) | {mark(grow <= FLAT_MB)} |"
-            )
-        q = ratios(results, c.name, "qdq ours", "qdq ort")
-        lines.append(
-            f"| {c.name} | time to a QDQ model vs quantize_static (no number set) | "
-            f"{q[0].fmt('.2f', '×') + ' faster' if q else 'n/a'} | {'n/a (quick run)' if s.quick else 'reported'} |"
-        )
     return lines
 
 
@@ -504,18 +514,20 @@ class Settings:
     rounds: int
     batches: int
     many: int
-    bins: int
+    bins: int | None  # None: ORT_BINS per method
     timeout: float
     threads: int | None = None
     op_types: list[str] | None = None
+    methods: tuple[str, ...] = CHOICES
+
+    def bins_for(self, method: str) -> int:
+        return self.bins or ORT_BINS.get(method, 0)  # 0: not a histogram method
 
 
 def main(argv: list[str] | None = None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    p.add_argument(
-        "--quick", action="store_true", help="CI smoke run: 1 round, 2 batches, 4 for 'many', 128 bins"
-    )
+    p.add_argument("--quick", action="store_true", help="CI smoke run: 1 round, 2 batches, 4 for 'many'")
     p.add_argument(
         "--models", help="comma-separated: transformer_block (default), ppocrv4_rec, captcha_crnn, ..."
     )
@@ -523,7 +535,10 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--rounds", type=int, help="rounds (default 3, quick 1)")
     p.add_argument("--batches", type=int, help="batches per row (default 20, quick 2)")
     p.add_argument("--many", type=int, help="batches of the 'many' rows, ours only (default 1000, quick 4)")
-    p.add_argument("--bins", type=int, help="histogram bins, both tools (default 2048, quick 128)")
+    p.add_argument(
+        "--bins", type=int, help="histogram bins, both tools (default: entropy 128, percentile 2048)"
+    )
+    p.add_argument("--methods", help=f"comma-separated subset of {','.join(CHOICES)} (default: all)")
     p.add_argument("--threads", type=int, help="intra-op threads in every session (default: onnxruntime's)")
     p.add_argument("--timeout", type=float, default=None, help="seconds per measuring process (default 1800)")
     p.add_argument("--out", type=Path, help="also write the Markdown report here")
@@ -540,11 +555,15 @@ def main(argv: list[str] | None = None) -> int:
         rounds=args.rounds or (1 if q else 3),
         batches=args.batches or (2 if q else 20),
         many=args.many or (4 if q else 1000),
-        bins=args.bins or (128 if q else 2048),
+        bins=args.bins,
         timeout=args.timeout or (120 if q else 1800),
         threads=args.threads,
         op_types=args.op_types.split(",") if args.op_types else None,
+        methods=tuple(args.methods.split(",")) if args.methods else CHOICES,
     )
+    unknown = set(s.methods) - set(CHOICES)
+    if unknown:
+        p.error(f"unknown --methods {', '.join(sorted(unknown))}: choose from {', '.join(CHOICES)}")
     names = args.models.split(",") if args.models else ["transformer_block"]
     rows = rows_for(s)
     with tempfile.TemporaryDirectory(prefix="opscope-bench-cal-") as tmp:
