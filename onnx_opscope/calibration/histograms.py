@@ -6,22 +6,29 @@ tensor's [min, max], this pass counts every element in `bins` bins of that range
 appended to the graph that defines it (If / Loop / Scan bodies too, carried out by
 `graph.expose`), in float32:
 
-    c = Clip(x, lo, hi);  t = Clip(Floor(c·n + off), 0, bins-1)     n = bins/(hi-lo), off = -lo·n
-    t -= c < E[t];  t += c >= E[t+1]                                E: the bin edges, E[bins] = +inf
-    counts = ScatterElements(zeros[bins] int64, t, valid, reduction="add")
+    t = Clip(Floor(x·n + off - eps), 0, bins-1)            n = bins/(hi-lo), off = -lo·n
+    t += x >= (t+1)·step + lo                              step = (hi-lo)/bins, as numpy's linspace
+    t = bins + 1 where x is NaN or ±inf                    (not counted; `Histogram.nonfinite`)
 
-The second line makes the counts those of `np.histogram(x, bins, range=(lo, hi))` exactly,
-which is what onnxruntime's HistogramCollector calls: numpy bins by comparing with its
-float32 `linspace` edges (last bin closed), and Floor(c·n) alone misplaces ~1e-4 of the
-elements near an edge (every zero, when 0 is an edge and n is not a power of two). c·n + off
-rather than (c - lo)·n, so a span over float32 max (masks of -3.4e38) does not overflow.
+The counts are those of `np.histogram(x, bins, range=(lo, hi))` exactly, which is what
+onnxruntime's HistogramCollector calls: numpy bins by comparing with its float32 `linspace`
+edges (last bin closed), and Floor(x·n) alone misplaces ~1e-4 of the elements near an edge
+(every zero, when 0 is an edge and n is not a power of two). The estimate is biased down by
+`eps` (twice a bound on its rounding error, `_estimate_error`), so it is the bin or the one
+below, and one comparison with the next edge, computed in float32 as linspace computes it,
+decides; `_arithmetic_step` checks that arithmetic against numpy's own edges when the taps are
+built. Where no such bound holds (a span over float32 max, as with -3.4e38 masks, or a narrow
+range far from 0) both neighbouring edges come from a table (two Gathers: slower, as exact).
+x·n + off rather than (x - lo)·n, so such a span does not overflow.
 
-Counting: ScatterElements(add) on int64 from opset 16 (int64, so a bin is exact past 2**24
-elements in one batch, where the float32 `sketch.histogram` counter would round); Unique's
-counts at opsets 11-15 (it sorts: ~8x slower); below 11 the int32 bin indices come back and
-the host counts them (tensor-sized transfers: the one case that copies). The host sums the
-[bins] counts of each batch into one int64 array per tensor: memory is bins-sized, flat in
-the number of batches, whatever the sequence length of each batch.
+Counting, fastest first on each provider: on onnxruntime's CPU provider the main graph's
+indices come back in the narrowest unsigned type (uint8 up to 254 bins, uint16 up to 65534)
+and np.bincount counts them: ~4 ns an element against ~12 for ScatterElements(add) and ~60 for
+Unique's sort. Elsewhere (a GPU keeps the work on the device; a Loop body's per-iteration
+indices could not be stacked) the graph counts: ScatterElements(add) on int64 from opset 16
+(exact past 2**24 elements), Unique's counts at opsets 11-15; below 11 the host counts. The
+host sums the [bins + 2] counts of each batch into one int64 array per tensor: memory is
+bins-sized, flat in the number of batches, whatever the sequence length of each batch.
 
 Modes (what onnxruntime's calibrators histogram, `HistogramCollector`, onnxruntime 1.32):
 - "symmetric": x over [-t, t], t = max(|min|, |max|), the `collect_value` range that
@@ -32,7 +39,7 @@ Modes (what onnxruntime's calibrators histogram, `HistogramCollector`, onnxrunti
 
 Values: NaN and ±inf are not counted (`Histogram.nonfinite` says how many): onnxruntime
 ignores NaN in its min/max and histogram, and fails on inf (its range becomes infinite).
-Finite values outside [lo, hi] (only when the caller narrows the range) are clipped into the
+Finite values outside [lo, hi] (only when the caller narrows the range) go to the
 edge bins, as onnxruntime's clipping to the range would saturate them. A -3.4e38 mask inside
 the range is counted where it lies: in the lowest bin; with the pass-1 range that spans it,
 onnxruntime's histogram does the same, and grows by ~1e38/width bins until it runs out of
@@ -57,7 +64,7 @@ from ..graph import Builder, ModelIndex, load_model, opset_version
 from ..graph.expose import expose
 from ..graph.io import ModelLike
 from ..graph.opset import has_op, scatter_add_available
-from ..run.session import RuntimeConfig, for_tapped, make_session, run
+from ..run.session import CPU, RuntimeConfig, for_tapped, make_session, resolve_providers, run
 
 MODES = ("symmetric", "absolute", "minmax")
 F32_MAX = float(np.finfo(np.float32).max)
@@ -117,8 +124,7 @@ def counting_range(lo: float, hi: float, mode: str) -> tuple[float, float]:
 @dataclass(frozen=True)
 class _Tap:
     name: str
-    counts: str  # output name: [bins] int64 counts, or int32 bin indices (host counting)
-    size: str  # output name: the tensor's element count (int64 scalar)
+    counts: str  # output name: [bins + 2] int64 counts, or the bin indices (host counting)
     stacked: int
     host: bool
     lo: float
@@ -152,41 +158,90 @@ def _elem_of(index: ModelIndex, path: str, name: str) -> int | None:
     return None
 
 
-def _bin_index(b: Builder, x: str, lo: float, hi: float, bins: int, absolute: bool) -> tuple[str, str]:
-    """(int64 bin index of each element, bool mask of the finite ones), both of x's shape."""
+def _arithmetic_step(lo32: float, hi32: float, edges: np.ndarray) -> np.float32 | None:
+    """numpy's linspace step when fl(fl(k·step) + lo) reproduces every inner edge (its float32 arithmetic),
+    else None (then the edges are looked up in a table: a span over float32 max, or a zero step)."""
+    step = np.float32(np.float32(np.float32(hi32) - np.float32(lo32)) / np.float32(edges.size - 1))
+    if not np.isfinite(step) or step == 0:
+        return None
+    k = np.arange(1, edges.size - 1, dtype=np.float32)
+    with np.errstate(over="ignore", invalid="ignore"):
+        ok = np.array_equal(k * step + np.float32(lo32), edges[1:-1])
+    return step if ok else None
+
+
+def _estimate_error(lo32: float, hi32: float, bins: int) -> float:
+    """A bound, in bins, on how far Floor(x·n + off) and the float32 edges stray from exact arithmetic:
+    a few unit roundoffs of the index and of the largest magnitude over the bin width (module doc)."""
+    u = 2.0**-24
+    span = np.float64(hi32) - np.float64(lo32)
+    return float(4 * u * bins + 4 * u * max(abs(lo32), abs(hi32)) * bins / span)
+
+
+def _bin_index(b: Builder, x: str, lo: float, hi: float, bins: int, absolute: bool) -> str:
+    """The float32 bin of each element of x, numpy's exactly; `bins` + 1 for NaN / ±inf; `bins` for
+    the top edge (folded into the last bin by the caller, as numpy closes it).
+
+    An estimate biased down by `eps` is the bin or the one below it, so one comparison with the
+    next edge, computed as numpy's linspace does, corrects it (no table lookup, which costs more
+    than the rest of the arithmetic). Where that cannot be guaranteed (a span over float32 max, a
+    narrow range far from 0) the edges come from a table, below and above.
+    """
     edges = bin_edges(lo, hi, bins)
     lo32, hi32 = float(edges[0]), float(edges[-1])
     n = np.float32(bins / (np.float64(hi32) - np.float64(lo32)))
-    off = np.float32(-np.float64(lo32) * np.float64(n))
-    bad = b.nonfinite(x)
+    step = _arithmetic_step(lo32, hi32, edges)
+    delta = _estimate_error(lo32, hi32, bins) if step is not None else 1.0
+    eps = 2 * delta
+    off = np.float32(-np.float64(lo32) * np.float64(n) - (eps if delta < 0.3 else 0.0))
     v = b.op("Abs", [x]) if absolute else x
-    c = b.clip(v, lo32, hi32)  # inf -> an edge (then masked); NaN stays NaN:
-    c = b.where(bad, b.const(np.float32(lo32)), c)  # no NaN may reach the int cast / Gather
-    t = b.clip(b.op("Floor", [b.op("Add", [b.op("Mul", [c, b.const(n)]), b.const(off)])]), 0.0, bins - 1.0)
-    t = b.cast(t, I64)
-    table = b.const(np.append(edges[:-1], np.float32(np.inf)).astype(np.float32))  # last bin closed
-    below = b.cast(b.op("Less", [c, b.op("Gather", [table, t], axis=0)]), I64)
-    upper = b.op("Gather", [table, b.op("Add", [t, b.i64(1)])], axis=0)
-    above = b.cast(b.op("Not", [b.op("Less", [c, upper])]), I64)
-    t = b.op("Add", [b.op("Sub", [t, below]), above])
-    return t, b.op("Not", [bad])
-
-
-def _count(b: Builder, t: str, valid: str, bins: int) -> tuple[str, bool]:
-    """(output to expose, whether the host counts it): [bins] int64 counts, or the indices below opset 11."""
-    idx = b.flat(t)
-    if scatter_add_available(b.opset):
-        return b.scatter_add(
-            b.const(np.zeros(bins, np.int64), np.int64), idx, b.flat(b.cast(valid, I64))
-        ), False
-    dropped = b.where(b.flat(valid), idx, b.i64(bins), I64)  # non-finite: an extra bin, sliced off
-    if has_op("Unique", b.opset):
-        values, counts = b.unique_counts(dropped)
-        hist = b.op(
-            "ScatterElements", [b.const(np.zeros(bins + 1, np.int64), np.int64), values, counts], axis=0
+    t = b.clip(b.op("Floor", [b.op("Add", [b.op("Mul", [v, b.const(n)]), b.const(off)])]), 0.0, bins - 1.0)
+    if delta < 0.3:  # t is the bin or the one below
+        upper = b.op(
+            "Add",
+            [
+                b.op("Mul", [b.op("Add", [t, b.const(np.float32(1))]), b.const(step)]),
+                b.const(np.float32(lo32)),
+            ],
         )
-        return b.slice(hist, 0, bins, 0), False
-    return b.cast(dropped, TensorProto.INT32), True
+        t = b.op("Add", [t, b.cast(b.greater_equal(v, upper), TensorProto.FLOAT)])
+    else:  # t is within one bin either way: compare with both table edges
+        table = b.const(np.append(edges[:-1], np.float32(np.inf)).astype(np.float32))
+        ti = b.cast(t, I64)
+        below = b.cast(b.op("Less", [v, b.op("Gather", [table, ti], axis=0)]), TensorProto.FLOAT)
+        upper = b.op("Gather", [table, b.op("Add", [ti, b.i64(1)])], axis=0)
+        t = b.op("Add", [b.op("Sub", [t, below]), b.cast(b.greater_equal(v, upper), TensorProto.FLOAT)])
+    return b.where(b.nonfinite(x), b.const(np.float32(bins + 1)), t)
+
+
+def _index_type(bins: int) -> int:
+    """The narrowest unsigned type holding bins + 2 indices: what the host reads back per element."""
+    return (
+        TensorProto.UINT8
+        if bins + 2 <= 256
+        else TensorProto.UINT16
+        if bins + 2 <= 65536
+        else TensorProto.INT32
+    )
+
+
+def _count(b: Builder, t: str, bins: int, host: bool) -> str:
+    """[bins + 2] int64 counts of the float bin indices t (last two: the top edge, non-finite values),
+    or, with `host`, the indices themselves in the narrowest integer type, counted by np.bincount.
+
+    On onnxruntime's CPU provider the host count is the fastest exact one: ScatterElements(add)
+    costs ~12 ns an element, np.bincount of the narrow indices ~4, Unique (a sort, opsets 11-15)
+    ~60. Below opset 11 there is nothing else.
+    """
+    if host:
+        return b.cast(b.flat(t), _index_type(bins))
+    idx = b.flat(b.cast(t, I64))
+    zeros = b.const(np.zeros(bins + 2, np.int64), np.int64)
+    if scatter_add_available(b.opset):
+        ones = b.op("Expand", [b.i64(1), b.op("Shape", [idx])])
+        return b.scatter_add(zeros, idx, ones)
+    values, counts = b.unique_counts(idx)
+    return b.op("ScatterElements", [zeros, values, counts], axis=0)
 
 
 def add_histogram_taps(
@@ -194,10 +249,12 @@ def add_histogram_taps(
     ranges: Mapping[Any, tuple[float, float]],
     bins: int = 2048,
     mode: str = "symmetric",
+    host_counts: bool = False,
 ) -> list[_Tap]:
     """Append the counting subgraph of each tensor to `model` (in place: only appends, after the
     model's own outputs). `ranges`: the pass-1 (min, max) of each tensor, keyed by name or by
-    a `CalibTensor` (which also gives the graph path and element type)."""
+    a `CalibTensor` (which also gives the graph path and element type). `host_counts`: main-graph
+    tensors return their bin indices, counted on the host (`_count`: the CPU provider's fastest)."""
     if bins < 1:
         raise OpscopeError(f"bins must be a positive integer, got {bins}")
     index = ModelIndex(model)
@@ -211,25 +268,23 @@ def add_histogram_taps(
         lo, hi = counting_range(x_min, x_max, mode)
         b = Builder(opset, names, prefix="opscope_hist_")
         x = name if elem == TensorProto.FLOAT else b.cast(name, TensorProto.FLOAT)
-        t, valid = _bin_index(b, x, lo, hi, bins, absolute=mode == "absolute")
-        out, host = _count(b, t, valid, bins)
-        size = b.op("Size", [x])
+        t = _bin_index(b, x, lo, hi, bins, absolute=mode == "absolute")
+        # a Loop body's indices would differ in length per iteration: stacked, they must not
+        host = (host_counts and not path) or not has_op("Unique", opset)
+        out = _count(b, t, bins, host)
         index[path].graph.node.extend(b.nodes)
-        counts_out, stacked = expose(index, path, out, TensorProto.INT32 if host else I64, 1, names)
-        size_out, _ = expose(index, path, size, I64, 0, names)
+        counts_out, stacked = expose(index, path, out, _index_type(bins) if host else I64, 1, names)
         edges = bin_edges(lo, hi, bins)
-        taps.append(
-            _Tap(name, counts_out, size_out, stacked, host, float(edges[0]), float(edges[-1]), x_min, x_max)
-        )
+        taps.append(_Tap(name, counts_out, stacked, host, float(edges[0]), float(edges[-1]), x_min, x_max))
     return taps
 
 
-def _accumulate(acc: np.ndarray, got: np.ndarray, tap: _Tap, bins: int) -> None:
+def _accumulate(acc: np.ndarray, got: np.ndarray, tap: _Tap) -> None:
+    """Add one run's counts of a tensor to `acc` ([bins + 2]: the top edge and non-finite last)."""
     if tap.host:
-        idx = np.asarray(got).ravel().astype(np.intp, copy=False)
-        acc += np.bincount(idx, minlength=bins + 1)[:bins]
+        acc += np.bincount(np.asarray(got).ravel(), minlength=acc.size)
     else:  # a Loop / Scan body's counts come back once per iteration: sum the stacked axes
-        acc += np.asarray(got, np.int64).reshape(-1, bins).sum(axis=0)
+        acc += np.asarray(got, np.int64).reshape(-1, acc.size).sum(axis=0)
 
 
 def histogram_pass(
@@ -253,25 +308,19 @@ def histogram_pass(
         base_dir = Path(model).parent
     tapped = ModelProto()
     tapped.CopyFrom(load_model(model))
-    taps = add_histogram_taps(tapped, ranges, bins, mode)
-    session = make_session(tapped, for_tapped(runtime or RuntimeConfig()), base_dir=base_dir)
-    outputs = [o for tap in taps for o in (tap.counts, tap.size)]
-    acc = {tap.name: np.zeros(bins, np.int64) for tap in taps}
-    sizes = dict.fromkeys(acc, 0)
+    runtime = runtime or RuntimeConfig()
+    cpu_only = resolve_providers(runtime.providers, runtime.fallback) == [CPU]
+    taps = add_histogram_taps(tapped, ranges, bins, mode, host_counts=cpu_only)
+    session = make_session(tapped, for_tapped(runtime), base_dir=base_dir)
+    outputs = [tap.counts for tap in taps]
+    acc = {tap.name: np.zeros(bins + 2, np.int64) for tap in taps}
     for feed in feeds:
-        got = run(session, feed, outputs)
-        for k, tap in enumerate(taps):
-            _accumulate(acc[tap.name], got[2 * k], tap, bins)
-            sizes[tap.name] += int(np.asarray(got[2 * k + 1], np.int64).sum())
-    return {
-        tap.name: Histogram(
-            acc[tap.name],
-            tap.lo,
-            tap.hi,
-            mode,
-            float(tap.x_min),
-            float(tap.x_max),
-            sizes[tap.name] - int(acc[tap.name].sum()),
-        )
-        for tap in taps
-    }
+        for tap, got in zip(taps, run(session, feed, outputs)):
+            _accumulate(acc[tap.name], got, tap)
+    return {tap.name: _histogram(acc[tap.name], tap, mode) for tap in taps}
+
+
+def _histogram(acc: np.ndarray, tap: _Tap, mode: str) -> Histogram:
+    counts = acc[:-2].copy()
+    counts[-1] += acc[-2]  # the top edge: numpy's last bin is closed
+    return Histogram(counts, tap.lo, tap.hi, mode, float(tap.x_min), float(tap.x_max), int(acc[-1]))

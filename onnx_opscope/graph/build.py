@@ -282,6 +282,12 @@ class Builder:
             return self._op("IsNaN", [self._op("Sub", [x, x])], hint)
         return self._op("Not", [self._op("Less", [self._op("Abs", [x]), self.const(np.inf)])], hint)
 
+    def greater_equal(self, a: str, b: str) -> str:
+        """a >= b (bool): GreaterOrEqual from opset 12, Not(Less) before (the same for non-NaN)."""
+        if has_op("GreaterOrEqual", self.opset):
+            return self._op("GreaterOrEqual", [a, b])
+        return self._op("Not", [self._op("Less", [a, b])])
+
     def clip(self, x: str, lo: float, hi: float) -> str:
         """x clipped to [lo, hi] (float32): bounds as inputs from opset 11, attributes before."""
         if clip_bounds_as_input(self.opset):

@@ -183,6 +183,9 @@ class Names:
 
     def __init__(self, taken: Iterable[str] = ()):
         self._taken = set(taken)
+        self._next: dict[
+            str, int
+        ] = {}  # per hint, the suffix to try first: a hint used n times costs O(1), not O(n)
 
     def __contains__(self, name: str) -> bool:
         return name in self._taken
@@ -193,10 +196,12 @@ class Names:
 
     def fresh(self, hint: str) -> str:
         """`hint`, or `hint_1`, `hint_2`, ... : the first not yet taken (it is taken from now on)."""
-        name, i = hint, 0
+        i = self._next.get(hint, 0)
+        name = f"{hint}_{i}" if i else hint
         while name in self._taken:
             i += 1
             name = f"{hint}_{i}"
+        self._next[hint] = i + 1
         self._taken.add(name)
         return name
 
