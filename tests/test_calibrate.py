@@ -367,3 +367,37 @@ def test_cli_calibrate(tmp_path, capsys):
     with pytest.raises(SystemExit):
         main(["calibrate", "--help"])
     assert "examples:" in capsys.readouterr().out
+
+
+def test_cli_qdq_options_reach_the_quantizer(tmp_path):
+    """--activation-type / --weight-type / --per-channel: the QDQ model's zero points have the asked
+    types, and a Conv weight gets one scale per output channel only with --per-channel."""
+    from onnx import numpy_helper
+
+    model = generated_model_path("cnn")
+
+    def quantized(*extra: str) -> onnx.ModelProto:
+        out = tmp_path / f"q{len(extra)}.onnx"
+        args = ["calibrate", str(model), "--batches", "2", "-o", str(tmp_path / "r.json"), "-q"]
+        assert main([*args, "--qdq", str(out), "--op-types", "Conv", *extra]) == 0
+        return onnx.load(out)
+
+    def zero_point_types(m: onnx.ModelProto) -> tuple[set, set]:
+        inits = {t.name: numpy_helper.to_array(t) for t in m.graph.initializer}
+        weights = {
+            n.input[0] for n in m.graph.node if n.op_type == "DequantizeLinear" and n.input[0] in inits
+        }
+        acts, wts, scales = set(), set(), []
+        for n in m.graph.node:
+            if n.op_type == "DequantizeLinear" and len(n.input) > 2 and inits[n.input[2]].dtype != np.int32:
+                (wts if n.input[0] in weights else acts).add(inits[n.input[2]].dtype)
+                if n.input[0] in weights:
+                    scales.append(inits[n.input[1]].size)
+        return acts, wts, max(scales)
+
+    assert zero_point_types(quantized()) == ({np.dtype(np.uint8)}, {np.dtype(np.int8)}, 1)
+    acts, wts, most = zero_point_types(quantized("--activation-type", "int16", "--per-channel"))
+    assert (acts, wts) == ({np.dtype(np.int16)}, {np.dtype(np.int8)}) and most > 1
+    bad = ["calibrate", str(model), "-o", str(tmp_path / "r.json"), "--qdq", str(tmp_path / "bad.onnx")]
+    assert main([*bad, "--activation-type", "int8", "--weight-type", "uint8", "-q"]) == 2
+    assert not (tmp_path / "bad.onnx").exists()

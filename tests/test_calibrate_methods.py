@@ -232,3 +232,29 @@ def test_mse_threshold_is_near_the_best_on_the_raw_values():
     best = min(_mse(x, c) for c in np.linspace(t_max / 16, t_max, 200))
     assert _mse(x, t) <= 1.02 * best, (_mse(x, t), best)
     assert compute_ranges("mse", {"x": h})["x"] == (lo, hi)
+
+
+@pytest.mark.parametrize("c", [2.5, -2.5, 0.0])
+def test_constant_tensor_ranges_do_not_invert(c):
+    """A constant tensor: onnxruntime's clipping to [min, max] would give a symmetric percentile
+    range with lo > hi; every method here returns an ordered range holding the value."""
+    x = np.full(1000, c, np.float32)
+    for mode, method, extra in [
+        ("absolute", "percentile", {"symmetric": True}),
+        ("symmetric", "percentile", {}),
+        ("symmetric", "entropy", {}),
+        ("symmetric", "mse", {}),
+    ]:
+        lo, hi = counting_range(c, c, mode)
+        edges = np.histogram_bin_edges(np.zeros(0, np.float32), 256, range=(np.float32(lo), np.float32(hi)))
+        counts, _ = np.histogram(np.abs(x) if mode == "absolute" else x, 256, range=(edges[0], edges[-1]))
+        h = Histogram(counts.astype(np.int64), float(edges[0]), float(edges[-1]), mode, c, c)
+        r = compute_ranges(method, {"x": h}, **extra)["x"]
+        assert r[0] <= c <= r[1], (method, mode, r)
+
+
+def test_nothing_counted_gives_the_tensor_range():
+    """Every value NaN (or a branch that never ran): no distribution, so the pass-1 range itself."""
+    h = Histogram(np.zeros(64, np.int64), -1.0, 1.0, "symmetric", -0.5, 1.0, nonfinite=10)
+    for method in ("percentile", "entropy"):
+        assert compute_ranges(method, {"x": h})["x"] == (-0.5, 1.0)

@@ -131,16 +131,19 @@ def quantize_qdq(
         cache = Path(tmp_dir) / "calibration.json"
         cache.write_text(ort_cache_text(td))
         with atomic_path(out) as tmp:
-            _quiet(
-                quantize_static,
-                proto,
-                str(tmp),
-                calibration_data_reader=None,
-                calibration_cache_path=str(cache),
-                calibrate_method=td.calibration_method,
-                op_types_to_quantize=op_types,
-                **options,
-            )
+            try:
+                _quiet(
+                    quantize_static,
+                    proto,
+                    str(tmp),
+                    calibration_data_reader=None,
+                    calibration_cache_path=str(cache),
+                    calibrate_method=td.calibration_method,
+                    op_types_to_quantize=op_types,
+                    **options,
+                )
+            except ValueError as exc:  # options it refuses (e.g. int8 activations with uint8 weights)
+                raise OpscopeError(f"onnxruntime's quantize_static: {exc}") from None
     return out
 
 

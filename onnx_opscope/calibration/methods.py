@@ -44,8 +44,18 @@ QMAX = 127  # signed int8, symmetric: [-127, 127] * scale
 
 
 def _clip_to_tensor(lo: float, hi: float, h: Histogram) -> tuple[float, float]:
-    """onnxruntime clips every threshold to the tensor's own [min, max]."""
-    return float(np.float32(max(lo, h.x_min))), float(np.float32(min(hi, h.x_max)))
+    """onnxruntime clips every threshold to the tensor's own [min, max]. Where that inverts the
+    range (a constant tensor c: the symmetric percentile's edge falls inside |c|), onnxruntime
+    keeps (c, edge) or (-edge, c); we return the tensor's [min, max], (c, c), which its quantizer
+    reads as the same or a tighter scale."""
+    lo, hi = float(np.float32(max(lo, h.x_min))), float(np.float32(min(hi, h.x_max)))
+    return (lo, hi) if lo <= hi else (float(np.float32(h.x_min)), float(np.float32(h.x_max)))
+
+
+def _empty(h: Histogram) -> bool:
+    """No value was counted (every value NaN / inf, or a branch that never ran): the range is the
+    tensor's own [min, max], as there is no distribution to cut."""
+    return not h.counts.any()
 
 
 def percentile_range(
@@ -56,6 +66,8 @@ def percentile_range(
         raise OpscopeError(f"percentile {percentile}: expected a number in [0, 100]")
     if symmetric and h.mode != "absolute":
         raise OpscopeError("a symmetric percentile reads the histogram of |x|: count it with mode='absolute'")
+    if _empty(h):
+        return _clip_to_tensor(h.lo, h.hi, h)
     edges = h.edges
     cdf = np.cumsum(h.counts / h.counts.sum())
     if symmetric:
@@ -110,6 +122,8 @@ def entropy_range(h: Histogram, num_quantized_bins: int = 128) -> tuple[float, f
     """onnxruntime's entropy (KL) range of one tensor, from a "symmetric" histogram (x over [-t, t])."""
     if h.mode != "symmetric":
         raise OpscopeError("entropy reads the histogram of x over [-t, t]: count it with mode='symmetric'")
+    if _empty(h):
+        return _clip_to_tensor(h.lo, h.hi, h)
     counts, edges, n = h.counts.astype(np.int64), h.edges, h.bins
     zero, half_q = n // 2, num_quantized_bins // 2
     if half_q > zero:

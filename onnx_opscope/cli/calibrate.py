@@ -41,10 +41,14 @@ exit codes: 0 done, 2 bad input (file, option, feed, provider, unwritable output
 examples:
   opscope calibrate model.onnx --data calib/ -o ranges.json
   opscope calibrate model.onnx --data calib/ -o ranges.json --qdq model.int8.onnx
+  opscope calibrate model.onnx -o r.json --qdq m.s8.onnx --activation-type int8 --per-channel
   opscope calibrate cnn.onnx --op-types Conv,MatMul --symmetric -o cnn.trt --format trt
   opscope calibrate rec.onnx --shape x:1,3,48,320 --batches 32 -o rec_ep --format trt-ep
   opscope calibrate model.onnx --data calib/ --method percentile --percentile 99.99 -o p.json
 """
+
+
+QUANT_TYPES = ("uint8", "int8", "uint16", "int16")
 
 
 def add_parser(sub) -> argparse.ArgumentParser:
@@ -95,7 +99,24 @@ def add_parser(sub) -> argparse.ArgumentParser:
         type=Path,
         default=None,
         metavar="OUT.onnx",
-        help="also write onnxruntime's QDQ model from our ranges",
+        help="also write onnxruntime's QDQ model from our ranges (quantize_static, no calibration of its own)",
+    )
+    p.add_argument(
+        "--activation-type",
+        choices=QUANT_TYPES,
+        default="uint8",
+        help="for --qdq: the activations' integer type (default uint8, quantize_static's)",
+    )
+    p.add_argument(
+        "--weight-type",
+        choices=QUANT_TYPES,
+        default="int8",
+        help="for --qdq: the weights' integer type (default int8, quantize_static's)",
+    )
+    p.add_argument(
+        "--per-channel",
+        action="store_true",
+        help="for --qdq: one weight scale per output channel (quantize_static's per_channel)",
     )
     p.add_argument(
         "--check",
@@ -141,7 +162,7 @@ def run(args: argparse.Namespace) -> int:
         )
     written = write_ranges(result, args.output, args.format, inputs=(args.model,))
     if args.qdq is not None:
-        quantize_qdq(args.model, result, args.qdq)
+        quantize_qdq(args.model, result, args.qdq, **_qdq_options(args))
     if not args.quiet:
         extra = f"; {len(result.unobserved)} never ran (no range)" if result.unobserved else ""
         print(
@@ -151,6 +172,18 @@ def run(args: argparse.Namespace) -> int:
         if args.qdq is not None:
             print(f"qdq: {args.qdq}")
     return 0
+
+
+def _qdq_options(args: argparse.Namespace) -> dict:
+    """quantize_static's options from --activation-type / --weight-type / --per-channel."""
+    from onnxruntime.quantization import QuantType
+
+    kinds = dict(zip(QUANT_TYPES, (QuantType.QUInt8, QuantType.QInt8, QuantType.QUInt16, QuantType.QInt16)))
+    return {
+        "activation_type": kinds[args.activation_type],
+        "weight_type": kinds[args.weight_type],
+        "per_channel": args.per_channel,
+    }
 
 
 def _check_precision(args: argparse.Namespace, feeds, runtime) -> int:
