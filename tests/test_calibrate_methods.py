@@ -258,3 +258,39 @@ def test_nothing_counted_gives_the_tensor_range():
     h = Histogram(np.zeros(64, np.int64), -1.0, 1.0, "symmetric", -0.5, 1.0, nonfinite=10)
     for method in ("percentile", "entropy"):
         assert compute_ranges(method, {"x": h})["x"] == (-0.5, 1.0)
+
+
+@pytest.mark.parametrize("host", [True, False])
+@pytest.mark.parametrize(
+    ("lo", "hi", "bins"),
+    [(-2.7, 2.7, 128), (-3.0, 7.3, 2048), (0.0, 1e-3, 7), (1000.0, 1000.5, 256), (-3.4e38, 5.0, 64)],
+)
+def test_every_edge_and_its_neighbours_binned_as_numpy(lo, hi, bins, host):
+    """Values on every float32 edge and one ulp either side, zeros and the range's ends: the
+    arithmetic edge test (and, for spans no error bound covers, the table) gives np.histogram's
+    counts, whether the host counts the indices or ScatterElements does."""
+    from onnx_opscope.calibration.histograms import _accumulate, _histogram, add_histogram_taps, bin_edges
+    from onnx_opscope.run.session import RuntimeConfig, make_session
+
+    edges = bin_edges(lo, hi, bins)
+    x = np.concatenate(
+        [edges, np.nextafter(edges, np.float32(np.inf)), np.nextafter(edges, np.float32(-np.inf)), [0.0, 0.0]]
+    ).astype(np.float32)
+    x = x[(x >= edges[0]) & (x <= edges[-1])]
+    graph = onnx.helper.make_graph(
+        [onnx.helper.make_node("Identity", ["x"], ["y"])],
+        "g",
+        [onnx.helper.make_tensor_value_info("x", onnx.TensorProto.FLOAT, [None])],
+        [onnx.helper.make_tensor_value_info("y", onnx.TensorProto.FLOAT, [None])],
+    )
+    model = onnx.helper.make_model(graph, opset_imports=[onnx.helper.make_opsetid("", 17)])
+    model.ir_version = 8
+    taps = add_histogram_taps(
+        model, {"y": (float(edges[0]), float(edges[-1]))}, bins, "minmax", host_counts=host
+    )
+    assert taps[0].host == host
+    got = make_session(model, RuntimeConfig(graph_opt="all")).run([taps[0].counts], {"x": x})[0]
+    acc = np.zeros(bins + 2, np.int64)
+    _accumulate(acc, got, taps[0])
+    ref, _ = np.histogram(x, bins, range=(edges[0], edges[-1]))
+    np.testing.assert_array_equal(_histogram(acc, taps[0], "minmax").counts, ref)

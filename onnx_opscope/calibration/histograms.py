@@ -6,16 +6,16 @@ tensor's [min, max], this pass counts every element in `bins` bins of that range
 appended to the graph that defines it (If / Loop / Scan bodies too, carried out by
 `graph.expose`), in float32:
 
-    t = Clip(Floor(x·n + off - eps), 0, bins-1)            n = bins/(hi-lo), off = -lo·n
-    t += x >= (t+1)·step + lo                              step = (hi-lo)/bins, as numpy's linspace
+    t = Clip(Floor(x·n + off + eps), 1, bins)              n = bins/(hi-lo), off = -lo·n
+    t -= x < t·step + lo                                   step = (hi-lo)/bins, as numpy's linspace
     t = bins + 1 where x is NaN or ±inf                    (not counted; `Histogram.nonfinite`)
 
 The counts are those of `np.histogram(x, bins, range=(lo, hi))` exactly, which is what
 onnxruntime's HistogramCollector calls: numpy bins by comparing with its float32 `linspace`
 edges (last bin closed), and Floor(x·n) alone misplaces ~1e-4 of the elements near an edge
-(every zero, when 0 is an edge and n is not a power of two). The estimate is biased down by
+(every zero, when 0 is an edge and n is not a power of two). The estimate is biased up by
 `eps` (twice a bound on its rounding error, `_estimate_error`), so it is the bin or the one
-below, and one comparison with the next edge, computed in float32 as linspace computes it,
+above, and one comparison with its left edge, computed in float32 as linspace computes it,
 decides; `_arithmetic_step` checks that arithmetic against numpy's own edges when the taps are
 built. Where no such bound holds (a span over float32 max, as with -3.4e38 masks, or a narrow
 range far from 0) both neighbouring edges come from a table (two Gathers: slower, as exact).
@@ -182,30 +182,30 @@ def _bin_index(b: Builder, x: str, lo: float, hi: float, bins: int, absolute: bo
     """The float32 bin of each element of x, numpy's exactly; `bins` + 1 for NaN / ±inf; `bins` for
     the top edge (folded into the last bin by the caller, as numpy closes it).
 
-    An estimate biased down by `eps` is the bin or the one below it, so one comparison with the
-    next edge, computed as numpy's linspace does, corrects it (no table lookup, which costs more
+    An estimate biased up by `eps` is the bin or the one above it, so one comparison with its own
+    left edge, computed as numpy's linspace does, corrects it (no table lookup, which costs more
     than the rest of the arithmetic). Where that cannot be guaranteed (a span over float32 max, a
     narrow range far from 0) the edges come from a table, below and above.
     """
     edges = bin_edges(lo, hi, bins)
     lo32, hi32 = float(edges[0]), float(edges[-1])
     n = np.float32(bins / (np.float64(hi32) - np.float64(lo32)))
+    off = -np.float64(lo32) * np.float64(n)
     step = _arithmetic_step(lo32, hi32, edges)
-    delta = _estimate_error(lo32, hi32, bins) if step is not None else 1.0
-    eps = 2 * delta
-    off = np.float32(-np.float64(lo32) * np.float64(n) - (eps if delta < 0.3 else 0.0))
     v = b.op("Abs", [x]) if absolute else x
-    t = b.clip(b.op("Floor", [b.op("Add", [b.op("Mul", [v, b.const(n)]), b.const(off)])]), 0.0, bins - 1.0)
-    if delta < 0.3:  # t is the bin or the one below
-        upper = b.op(
-            "Add",
-            [
-                b.op("Mul", [b.op("Add", [t, b.const(np.float32(1))]), b.const(step)]),
-                b.const(np.float32(lo32)),
-            ],
+    if step is not None and (delta := _estimate_error(lo32, hi32, bins)) < 0.3:
+        # t in {k, k + 1} for the true bin k, clipped to [1, bins]: t -= v < E[t] then gives k
+        # (below the range: 0; at or over its top: bins, which the caller folds into the last bin)
+        up = b.op("Add", [b.op("Mul", [v, b.const(n)]), b.const(np.float32(off + 2 * delta))])
+        t = b.clip(b.op("Floor", [up]), 1.0, float(bins))
+        left = b.op("Add", [b.op("Mul", [t, b.const(step)]), b.const(np.float32(lo32))])
+        t = b.op("Sub", [t, b.cast(b.op("Less", [v, left]), TensorProto.FLOAT)])
+    else:  # t within one bin either way: compare with both table edges
+        t = b.clip(
+            b.op("Floor", [b.op("Add", [b.op("Mul", [v, b.const(n)]), b.const(np.float32(off))])]),
+            0.0,
+            bins - 1.0,
         )
-        t = b.op("Add", [t, b.cast(b.greater_equal(v, upper), TensorProto.FLOAT)])
-    else:  # t is within one bin either way: compare with both table edges
         table = b.const(np.append(edges[:-1], np.float32(np.inf)).astype(np.float32))
         ti = b.cast(t, I64)
         below = b.cast(b.op("Less", [v, b.op("Gather", [table, ti], axis=0)]), TensorProto.FLOAT)
