@@ -20,6 +20,7 @@ LAYERS = [
     "graph",
     "shapes",
     "sites",
+    "weights",
     "sketch",
     "instrument",
     "transform",

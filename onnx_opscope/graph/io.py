@@ -12,12 +12,14 @@ from __future__ import annotations
 import hashlib
 import os
 import shutil
+import sys
 import tempfile
 from pathlib import Path
 
+import numpy as np
 import onnx
 from google.protobuf.message import DecodeError
-from onnx import ModelProto
+from onnx import ModelProto, TensorProto, helper, numpy_helper
 
 from ..errors import OpscopeError
 from ..files import atomic_path, writing
@@ -243,3 +245,43 @@ def opset_version(model: ModelProto, domain: str = "") -> int:
         if o.domain == domain or (domain in ("", "ai.onnx") and o.domain in ("", "ai.onnx")):
             return o.version
     return 0
+
+
+# Element types stored less than a byte apart, or not as fixed-size elements at all.
+_PACKED = {
+    getattr(TensorProto, n)
+    for n in ("STRING", "INT4", "UINT4", "FLOAT4E2M1", "INT2", "UINT2")
+    if hasattr(TensorProto, n)
+}
+
+
+def read_external_tensor(t: TensorProto, base_dir: str | os.PathLike) -> np.ndarray:
+    """One external tensor's array, read from its own bytes of the data file (checked by the caller).
+
+    Read here, not by onnx's loader: onnx refuses data files with several hard links, and
+    `save_model` hard-links the data file beside an instrumented model saved in another folder.
+    """
+    info = external_info(t)
+    path = Path(base_dir) / info["location"]
+    offset = int(info.get("offset", 0))
+    dims = tuple(int(d) for d in t.dims)
+    count = int(np.prod(dims)) if dims else 1
+    if t.data_type not in _PACKED and sys.byteorder == "little":
+        dtype = np.dtype(helper.tensor_dtype_to_np_dtype(t.data_type))
+        length = int(info.get("length", count * dtype.itemsize))
+        if length == count * dtype.itemsize:
+            arr = np.fromfile(path, dtype=dtype, count=count, offset=offset)
+            if arr.size != count:
+                raise ValueError(f"{info['location']} ends before the tensor's {count} elements")
+            return arr.reshape(dims)
+    # Anything else: the tensor's bytes, decoded by onnx as inline raw data.
+    with open(path, "rb") as f:
+        f.seek(offset)
+        data = f.read(int(info["length"])) if "length" in info else f.read()
+    inline = TensorProto()
+    inline.CopyFrom(t)
+    inline.ClearField("external_data")
+    inline.data_location = TensorProto.DEFAULT
+    inline.raw_data = data
+    del data
+    return numpy_helper.to_array(inline)

@@ -17,17 +17,16 @@ named, so the paths of the source and of the instrumented model are the same.
 from __future__ import annotations
 
 import os
-import sys
 from pathlib import Path
 
 import numpy as np
-from onnx import ModelProto, TensorProto, helper, numpy_helper
+from onnx import ModelProto, TensorProto, numpy_helper
 
 from .. import sketch as sk
 from ..errors import OpscopeError
 from ..graph.index import Constant, ModelIndex
-from ..graph.io import ModelLike, check_external_data, load_model
-from ..graph.proto import external_info, is_external
+from ..graph.io import ModelLike, check_external_data, load_model, read_external_tensor
+from ..graph.proto import is_external
 from .decode import HostValues
 from .manifest import Manifest, TapRecord
 
@@ -162,46 +161,6 @@ def _tensor_array(t: TensorProto, tap: TapRecord, base_dir: str | os.PathLike | 
                 f"weight {name!r} (tap {tap.id}) is stored in external data, and no base_dir says where",
                 hint="pass base_dir= (the folder of the model file the data belongs to)",
             )
-        return _read_external(t, Path(base_dir))
+        return read_external_tensor(t, Path(base_dir))
     except (OSError, ValueError, TypeError) as exc:
         raise OpscopeError(f"cannot read weight {name!r} (tap {tap.id}): {exc}") from None
-
-
-# Element types stored less than a byte apart, or not as fixed-size elements at all.
-_PACKED = {
-    getattr(TensorProto, n)
-    for n in ("STRING", "INT4", "UINT4", "FLOAT4E2M1", "INT2", "UINT2")
-    if hasattr(TensorProto, n)
-}
-
-
-def _read_external(t: TensorProto, base_dir: Path) -> np.ndarray:
-    """One external tensor's array, read from its own bytes of the data file (checked by the caller).
-
-    Read here, not by onnx's loader: onnx refuses data files with several hard links, and
-    `save_model` hard-links the data file beside an instrumented model saved in another folder.
-    """
-    info = external_info(t)
-    path = base_dir / info["location"]
-    offset = int(info.get("offset", 0))
-    dims = tuple(int(d) for d in t.dims)
-    count = int(np.prod(dims)) if dims else 1
-    if t.data_type not in _PACKED and sys.byteorder == "little":
-        dtype = np.dtype(helper.tensor_dtype_to_np_dtype(t.data_type))
-        length = int(info.get("length", count * dtype.itemsize))
-        if length == count * dtype.itemsize:
-            arr = np.fromfile(path, dtype=dtype, count=count, offset=offset)
-            if arr.size != count:
-                raise ValueError(f"{info['location']} ends before the tensor's {count} elements")
-            return arr.reshape(dims)
-    # Anything else: the tensor's bytes, decoded by onnx as inline raw data.
-    with open(path, "rb") as f:
-        f.seek(offset)
-        data = f.read(int(info["length"])) if "length" in info else f.read()
-    inline = TensorProto()
-    inline.CopyFrom(t)
-    inline.ClearField("external_data")
-    inline.data_location = TensorProto.DEFAULT
-    inline.raw_data = data
-    del data
-    return numpy_helper.to_array(inline)
