@@ -117,3 +117,27 @@ def test_cli_exit_codes(tmp_path, capsys, lm):
     assert main(["parity", str(src)]) == 2
     assert main(["rewrite", "skip", str(src), "--blocks", "block3/*", "-o", str(tmp_path / "x.onnx")]) == 2
     assert main(["rewrite", "fakequant", str(src), "-o", str(src)]) == 2
+
+
+def test_class_metrics_against_a_direct_reference():
+    """top-1, top-5 and KL of logits (softmaxed) and of rows that are already distributions."""
+    from onnx_opscope.compare.outputs import class_metrics
+
+    rng = np.random.default_rng(3)
+    a = rng.standard_normal((6, 7, 10)).astype(np.float32)
+    b = a + rng.standard_normal(a.shape).astype(np.float32)
+    rows_a, rows_b = a.reshape(-1, 10).astype(np.float64), b.reshape(-1, 10).astype(np.float64)
+    top1 = np.mean([np.argmax(x) == np.argmax(y) for x, y in zip(rows_a, rows_b)])
+    top5 = np.mean([np.argmax(y) in np.argsort(-x)[:5] for x, y in zip(rows_a, rows_b)])
+
+    def softmax(x):
+        e = np.exp(x - x.max())
+        return e / e.sum()
+
+    kl = np.mean([np.sum(softmax(x) * np.log(softmax(x) / softmax(y))) for x, y in zip(rows_a, rows_b)])
+    got = class_metrics(a, b)
+    assert got["top1"] == pytest.approx(top1) and got["top5"] == pytest.approx(top5)
+    assert got["kl"] == pytest.approx(kl, rel=1e-6) and 0 < top1 < top5 < 1
+    pa, pb = (np.stack([softmax(r) for r in x]) for x in (rows_a, rows_b))
+    assert class_metrics(pa, pb)["kl"] == pytest.approx(kl, rel=1e-6)  # distributions taken as they are
+    assert class_metrics(a, a)["kl"] == pytest.approx(0.0, abs=1e-12)

@@ -5,7 +5,9 @@ Used by the record parity gate (is the instrumented model a drop-in?) and by `pa
 
 - max_abs = max|a - b| over the elements finite on both sides;
 - scale = max|a| over those elements; max_rel = max_abs / scale;
-- cosine of the two (finite elements), top-1 agreement when the output looks like logits;
+- cosine of the two (finite elements); when the output looks like logits (classes on the last
+  axis): top-1 agreement, top-5 (B's top class among A's five best) and the mean over rows of
+  KL(P_a || P_b), P the row's softmax (the row itself when it is already a distribution);
 - nonfinite_mismatch: elements NaN/Inf on one side only, or different non-finite values.
 
 A mismatch in shape or in non-finite values makes max_abs and max_rel infinite.
@@ -21,6 +23,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
+_MEANS = ("top1", "top5", "kl")  # averaged over rows across batches (the rest take the worst)
 _LOGIT_NAMES = re.compile(r"logit|prob|score|softmax|class|cls|pred", re.IGNORECASE)
 
 
@@ -35,13 +38,41 @@ def looks_like_logits(name: str, x: np.ndarray) -> bool:
     return bool(np.all((v >= 0) & (v <= 1)) and np.allclose(v.sum(-1), 1.0, atol=1e-3))
 
 
+def _distribution(x: np.ndarray) -> np.ndarray:
+    """Rows as probabilities: themselves when they already are, else their softmax (float64)."""
+    v = x.astype(np.float64)
+    if np.all((v >= 0) & (v <= 1)) and np.allclose(v.sum(-1), 1.0, atol=1e-3):
+        return v
+    e = np.exp(v - v.max(-1, keepdims=True))
+    return e / e.sum(-1, keepdims=True)
+
+
+def class_metrics(a: np.ndarray, b: np.ndarray) -> dict:
+    """top1, top5 and kl of two logits-like outputs of one shape (classes on the last axis)."""
+    a2, b2 = a.reshape(-1, a.shape[-1]), b.reshape(-1, b.shape[-1])
+    if not (np.isfinite(a2).all() and np.isfinite(b2).all()):
+        return {"top1": float(np.mean(np.argmax(a2, -1) == np.argmax(b2, -1))), "top5": None, "kl": None}
+    best_b = np.argmax(b2, -1)
+    k = min(5, a2.shape[-1])
+    top5 = np.argpartition(-a2, k - 1, axis=-1)[:, :k]
+    p, q = _distribution(a2), _distribution(b2)
+    kl = np.sum(p * (np.log(np.maximum(p, 1e-12)) - np.log(np.maximum(q, 1e-12))), axis=-1)
+    return {
+        "top1": float(np.mean(np.argmax(a2, -1) == best_b)),
+        "top5": float(np.mean((top5 == best_b[:, None]).any(-1))),
+        "kl": float(np.mean(kl)),
+    }
+
+
 def output_metrics(name: str, a: np.ndarray, b: np.ndarray) -> dict:
-    """max_abs, max_rel, scale, cosine, top1 (None unless logits-like), nonfinite_mismatch, exact (a non-float dtype)."""
+    """max_abs, max_rel, scale, cosine, top1 / top5 / kl (None unless logits-like), nonfinite_mismatch,
+    exact (a non-float dtype)."""
     a, b = np.asarray(a), np.asarray(b)
     exact = a.dtype.kind not in "fc"
     if a.shape != b.shape:
         return {"shape_a": list(a.shape), "shape_b": list(b.shape), "max_abs": float("inf"), "max_rel": float("inf"),
-                "scale": 0.0, "cosine": float("nan"), "top1": None, "nonfinite_mismatch": 0, "exact": exact}  # fmt: skip
+                "scale": 0.0, "cosine": float("nan"), "top1": None, "top5": None, "kl": None,
+                "nonfinite_mismatch": 0, "exact": exact}  # fmt: skip
     x, y = a.astype(np.float64).ravel(), b.astype(np.float64).ravel()
     fx, fy = np.isfinite(x), np.isfinite(y)
     same_bad = ~fx & ~fy & ((np.isnan(x) & np.isnan(y)) | (x == y))
@@ -53,12 +84,10 @@ def output_metrics(name: str, a: np.ndarray, b: np.ndarray) -> dict:
     max_rel = max_abs / scale if scale > 0 else (0.0 if max_abs == 0 else float("inf"))
     nx, ny = np.linalg.norm(x[both]), np.linalg.norm(y[both])
     cosine = float(x[both] @ y[both] / (nx * ny)) if nx > 0 and ny > 0 else (1.0 if nx == ny else 0.0)
-    top1 = (
-        float(np.mean(np.argmax(a, axis=-1) == np.argmax(b, axis=-1))) if looks_like_logits(name, a) else None
-    )
+    classes = class_metrics(a, b) if looks_like_logits(name, a) else {"top1": None, "top5": None, "kl": None}
     if mismatch:
         max_abs = max_rel = float("inf")
-    return {"max_abs": max_abs, "max_rel": max_rel, "scale": scale, "cosine": cosine, "top1": top1,
+    return {"max_abs": max_abs, "max_rel": max_rel, "scale": scale, "cosine": cosine, **classes,
             "nonfinite_mismatch": mismatch, "exact": exact}  # fmt: skip
 
 
@@ -87,9 +116,9 @@ def compare_outputs(
 
 
 def worst_of(acc: dict | None, new: dict, rows: int) -> dict:
-    """Metrics over batches: max of max_abs / max_rel, min cosine, top-1 weighted by rows."""
+    """Metrics over batches: max of max_abs / max_rel, min cosine; top-1, top-5 and KL weighted by rows."""
     if acc is None:
-        return {**new, "_rows": rows, "_top1_hits": (new["top1"] or 0.0) * rows}
+        return {**new, "_rows": rows, **{f"_{k}_sum": (new.get(k) or 0.0) * rows for k in _MEANS}}
     out = dict(acc)
     out["max_abs"] = max(acc["max_abs"], new["max_abs"])
     out["max_rel"] = max(acc["max_rel"], new["max_rel"])
@@ -97,9 +126,10 @@ def worst_of(acc: dict | None, new: dict, rows: int) -> dict:
     out["cosine"] = min(acc["cosine"], new["cosine"])
     out["nonfinite_mismatch"] = acc["nonfinite_mismatch"] + new["nonfinite_mismatch"]
     out["_rows"] = acc["_rows"] + rows
-    if new["top1"] is not None and acc["top1"] is not None:
-        out["_top1_hits"] = acc["_top1_hits"] + new["top1"] * rows
-        out["top1"] = out["_top1_hits"] / out["_rows"]
+    for k in _MEANS:
+        if new.get(k) is not None and acc.get(k) is not None:
+            out[f"_{k}_sum"] = acc[f"_{k}_sum"] + new[k] * rows
+            out[k] = out[f"_{k}_sum"] / out["_rows"]
     for k in ("shape_a", "shape_b"):
         if k in new:
             out[k] = new[k]

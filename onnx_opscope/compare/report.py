@@ -31,14 +31,21 @@ class ParityReport:
         return bool(self.outputs) and all(within(m, self.tol, 0.0) for m in self.outputs.values())
 
     def summary(self) -> dict:
-        """The worst output: max_abs, max_rel, cosine, top1 (min over the logits-like outputs)."""
+        """The worst output: max_abs, max_rel, cosine, top1 and top5 (min over the logits-like outputs),
+        kl (max)."""
         ms = list(self.outputs.values())
-        tops = [m["top1"] for m in ms if m["top1"] is not None]
+
+        def worst(key: str, pick=min):
+            got = [m[key] for m in ms if m.get(key) is not None]
+            return pick(got) if got else None
+
         return {
             "max_abs": max((m["max_abs"] for m in ms), default=float("nan")),
             "max_rel": max((m["max_rel"] for m in ms), default=float("nan")),
             "cosine": min((m["cosine"] for m in ms), default=float("nan")),
-            "top1": min(tops) if tops else None,
+            "top1": worst("top1"),
+            "top5": worst("top5"),
+            "kl": worst("kl", max),
         }
 
     def to_dict(self) -> dict:
