@@ -13,6 +13,10 @@ The public API: each function is one call for what its `opscope` command does.
     parity(a, b) / parity(a, providers=...)  outputs and first diverging layer     (opscope parity)
     calibrate(model, feeds)            quantization ranges of what quantize_static calibrates
                                        (opscope calibrate); caches and QDQ: calibration.export
+    probe_weights(model)               per-weight probes and hints                 (opscope weights)
+    plan_weights(model, budgets=...)   per-layer menus, allocators per byte budget, each plan
+                                       applied and scored end to end              (opscope weights --plan)
+    apply_weight_plan(model, plan)     the plan stored in the model               (opscope rewrite weights)
     fake_quant(model) / skip_blocks(model, adds)  rewrites, typed results          (opscope rewrite)
     write_rewrite(model, rewritten, out)  save it and score it against the model
 
@@ -20,7 +24,7 @@ Names are imported on first use, so `import onnx_opscope` stays cheap (no onnxru
 pyarrow or matplotlib until a function that needs them is called).
 
 The package follows the pipeline, each layer importing only from layers below it:
-errors -> files -> graph -> shapes -> sites -> sketch -> instrument -> transform -> compare -> run ->
+errors -> files -> graph -> shapes -> sites -> weights -> sketch -> instrument -> transform -> compare -> run ->
 calibration -> analysis -> findings -> reporting -> cli (tests/test_layout.py holds the code to it). Packages
 are nouns and API functions verbs (`analysis` holds `analyze`, `findings` holds `mine`):
 a package named like a function would rebind `onnx_opscope.<name>` to itself on import.
@@ -46,6 +50,8 @@ _API = {
     "decode": "instrument",
     "host_values": "instrument",
     "load_manifest": "instrument",
+    "probe_weights": "weights",
+    "apply_weight_plan": "transform",
     "fake_quant": "transform",
     "skip_blocks": "transform",
     "compare_outputs": "compare",
@@ -58,6 +64,7 @@ _API = {
     "parity": "run",
     "validate_skips": "run",
     "write_rewrite": "run",
+    "plan_weights": "run",
     "calibrate": "calibration",
     "analyze": "analysis",
     "MineConfig": "findings",

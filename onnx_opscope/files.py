@@ -87,6 +87,28 @@ def write_text(path: str | os.PathLike, text: str) -> Path:
     return Path(path)
 
 
+def write_table(table: Any, path: str | os.PathLike, fmt: str | None = None) -> Path:
+    """A pyarrow Table as json (records), csv or parquet (by `fmt` or the suffix), whole or not at all."""
+    import json
+
+    out = Path(path)
+    fmt = (fmt or out.suffix.lstrip(".") or "json").lower()
+    if fmt not in ("json", "csv", "parquet"):
+        raise OpscopeError(f"unknown output format {fmt!r}", hint="use json, csv or parquet")
+    with atomic_path(out) as tmp:
+        if fmt == "json":
+            tmp.write_text(json.dumps(table.to_pylist(), indent=1, default=float) + "\n")
+        elif fmt == "csv":
+            import pyarrow.csv as pacsv
+
+            pacsv.write_csv(table, str(tmp))
+        else:
+            import pyarrow.parquet as pq
+
+            pq.write_table(table, str(tmp))
+    return out
+
+
 def write_bytes(path: str | os.PathLike, data: bytes) -> Path:
     """Write `data` to `path`, whole or not at all."""
     with atomic_path(path) as tmp:

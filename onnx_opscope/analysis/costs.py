@@ -38,7 +38,7 @@ import numpy as np
 from onnx import ModelProto, NodeProto
 
 from ..errors import OpscopeError
-from ..files import atomic_path
+from ..files import atomic_path, write_table
 from ..graph.index import GraphEntry, ModelIndex
 from ..graph.io import ModelLike, file_sha256, load_model, model_sha256
 from ..graph.proto import attr as get_attr
@@ -177,17 +177,10 @@ class Report:
         fmt = (fmt or out.suffix.lstrip(".") or "json").lower()
         if fmt not in ("json", "csv", "parquet"):
             raise OpscopeError(f"unknown output format {fmt!r}", hint="use json, csv or parquet")
+        if fmt != "json":
+            return write_table(self.to_arrow(), out, fmt)
         with atomic_path(out) as tmp:
-            if fmt == "json":
-                tmp.write_text(self.to_json(indent=1))
-            elif fmt == "csv":
-                import pyarrow.csv as pacsv
-
-                pacsv.write_csv(self.to_arrow(), str(tmp))
-            else:
-                import pyarrow.parquet as pq
-
-                pq.write_table(self.to_arrow(), str(tmp))
+            tmp.write_text(self.to_json(indent=1))
         return out
 
 

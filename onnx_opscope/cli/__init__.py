@@ -17,7 +17,18 @@ import warnings
 from .. import __version__
 from ..errors import OpscopeError, did_you_mean
 
-COMMANDS = ["inject", "record", "calibrate", "analyze", "mine", "report", "rewrite", "parity", "demo"]
+COMMANDS = [
+    "inject",
+    "record",
+    "calibrate",
+    "analyze",
+    "weights",
+    "mine",
+    "report",
+    "rewrite",
+    "parity",
+    "demo",
+]
 
 
 class Parser(argparse.ArgumentParser):

@@ -1,18 +1,20 @@
-"""`opscope rewrite skip|fakequant`: write a rewritten model and report its quality against the original.
+"""`opscope rewrite skip|fakequant|weights`: write a rewritten model and report its quality against the original.
 
-Two API calls: `onnx_opscope.skip_blocks` / `fake_quant`, then `run.write_rewrite` (save, and
-compare with the original on the same feeds: max relative error, cosine, top-1 agreement).
+Two API calls: `onnx_opscope.skip_blocks` / `fake_quant` / `apply_weight_plan`, then
+`run.write_rewrite` (save, and compare with the original on the same feeds: max relative error,
+cosine, top-1 / top-5 agreement, KL).
 """
 
 from __future__ import annotations
 
 import argparse
+from collections import Counter
 from pathlib import Path
 
 from ..errors import OpscopeError
 from ..files import check_writable
 from ..run import write_rewrite
-from ..transform import QUANT_MODES, Rewritten, fake_quant, residual_sites, skip_blocks
+from ..transform import QUANT_MODES, Rewritten, apply_weight_plan, fake_quant, residual_sites, skip_blocks
 from .options import (
     add_feed_arguments,
     add_output_argument,
@@ -27,6 +29,7 @@ EPILOG = """examples:
   opscope rewrite skip model.onnx --blocks 'block2/*' -o skip2.onnx
   opscope rewrite skip model.onnx --blocks 5,7 -o skip.onnx      # by execution-order index
   opscope rewrite fakequant model.onnx -o fq.onnx --mode channel --weights
+  opscope rewrite weights model.onnx --plan plan.json -o small.onnx   # a plan from `opscope weights --plan`
 """
 
 
@@ -44,7 +47,7 @@ def _common(p: argparse.ArgumentParser) -> None:
 def add_parser(subparsers) -> argparse.ArgumentParser:
     p = subparsers.add_parser(
         "rewrite",
-        help="skip residual blocks or fake-quantize activations, and measure what it costs in quality",
+        help="skip residual blocks, fake-quantize activations or apply a weight plan, and measure the quality cost",
         description="Rewrite a model and compare the rewrite with the original on the same feeds: max relative "
         "error (max|a-b| / max|a|), cosine, and top-1 agreement when an output looks like logits.",
         epilog=EPILOG,
@@ -83,10 +86,42 @@ def add_parser(subparsers) -> argparse.ArgumentParser:
     fq.add_argument(
         "--weights", action="store_true", help="also quantize constant weights, per output channel"
     )
+    wp = sub.add_parser(
+        "weights",
+        help="store each planned weight as its option (MatMulNBits, DequantizeLinear, two MatMuls, folded)",
+        description="Apply a per-layer weight plan (`opscope weights --plan`): int4 on MatMul / Linear-like Gemm "
+        "weights as com.microsoft MatMulNBits, int8 / int4 as DequantizeLinear where the opset allows (13 per "
+        "axis, 21 int4 and blocks), low rank as two MatMuls / Gemms, anything else folded (the weight replaced "
+        "by its approximation, so the quality is measured but no byte is saved).",
+        epilog=EPILOG,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
+    _common(wp)
+    wp.add_argument("--plan", type=Path, required=True, metavar="PLAN.json", help="the plan to apply")
     return p
 
 
+def _load_plan(path: Path) -> dict:
+    import json
+
+    try:
+        return json.loads(path.read_text())
+    except OSError as exc:
+        raise OpscopeError(f"{path}: cannot read the plan: {exc.strerror or exc}") from None
+    except json.JSONDecodeError as exc:
+        raise OpscopeError(f"{path}: not a JSON plan ({exc.msg} at line {exc.lineno})") from None
+
+
 def _describe(result: Rewritten) -> list[str]:
+    if result.transform == "weight_plan":
+        applied = result.options["applied"]
+        hows = Counter(a["how"] for a in applied["layers"])
+        before, after = applied["bytes_before"], applied["bytes_after"]
+        return [
+            f"weight plan: {len(applied['layers'])} weights ("
+            + ", ".join(f"{h} {n}" for h, n in hows.most_common())
+            + f"), {before / 2**20:.2f} -> {after / 2**20:.2f} MiB as stored"
+        ]
     if result.transform == "skip_blocks":
         lines = [f"skipped {s.site}: keeps {s.kept}, drops {s.dropped}" for s in result.skipped]
         pr = result.pruned
@@ -123,6 +158,11 @@ def run(args: argparse.Namespace) -> int:
                 "--blocks is required", hint="`opscope rewrite skip MODEL --list` shows the choices"
             )
         result = skip_blocks(args.model, blocks)
+    elif args.transform == "weights":
+        model, applied = apply_weight_plan(args.model, _load_plan(args.plan))
+        result = Rewritten(
+            model, "weight_plan", options={"plan": str(args.plan), "applied": applied.to_dict()}
+        )
     else:
         result = fake_quant(args.model, args.mode, args.weights)
     written = write_rewrite(args.model, result, args.output, check=not args.no_check,
@@ -132,6 +172,7 @@ def run(args: argparse.Namespace) -> int:
     if rep is not None:
         s = rep.summary()
         top1 = "" if s["top1"] is None else f", top-1 agreement {s['top1']:.2%}"
+        top1 += "" if s.get("top5") is None else f", top-5 {s['top5']:.2%}, KL {s['kl']:.3g}"
         lines.append(
             f"quality vs the original on {rep.batches} batches: max rel error {s['max_rel']:.3g}, "
             f"cosine {s['cosine']:.6f}{top1}"

@@ -6,7 +6,8 @@
 - `recorder`: `record` (inject, run every batch, decode, append to the table, parity gate);
 - `table`: the tidy sketch table, written batch by batch, and `read_table`;
 - `parity`: a model against its rewrite or against itself on another provider;
-- `rewrite`: a rewrite saved beside its source's weights, and scored against it.
+- `rewrite`: a rewrite saved beside its source's weights, and scored against it;
+- `weights`: weight plans per byte budget, each applied and scored end to end.
 """
 
 from .feeds import DISTRIBUTIONS, FeedSpec, input_signature, iter_feeds, load_data, synthetic_feeds
@@ -17,6 +18,7 @@ from .rewrite import WrittenRewrite, write_rewrite
 from .session import RuntimeConfig, make_session, resolve_providers
 from .session import run as run_session
 from .table import SCHEMA, read_table, sidecar_paths
+from .weights import WeightPlans, plan_weights
 
 __all__ = [
     "DISTRIBUTIONS",
@@ -43,4 +45,6 @@ __all__ = [
     "validate_skips",
     "write_rewrite",
     "WrittenRewrite",
+    "WeightPlans",
+    "plan_weights",
 ]

@@ -10,7 +10,23 @@
 Imports only `errors`, `files`, `graph`, `shapes` and `sites` (tests/test_layout.py).
 """
 
+from .allocate import Allocation, allocate, allocate_budgets, plan_dict
 from .matrix import WeightView, iter_weights
+from .menu import Option, layer_menu, option_from_dict, reconstruct
 from .probes import Probe, probe_weights, probes_table
 
-__all__ = ["Probe", "WeightView", "iter_weights", "probe_weights", "probes_table"]
+__all__ = [
+    "Allocation",
+    "Option",
+    "Probe",
+    "WeightView",
+    "allocate",
+    "allocate_budgets",
+    "iter_weights",
+    "layer_menu",
+    "option_from_dict",
+    "plan_dict",
+    "probe_weights",
+    "probes_table",
+    "reconstruct",
+]

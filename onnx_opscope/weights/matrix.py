@@ -76,9 +76,14 @@ class WeightView:
         return self.rows * self.cols
 
     @property
+    def itemsize(self) -> int:
+        """Bytes of one element as stored."""
+        return 2 if self.dtype == "bfloat16" else np.dtype(self.dtype).itemsize
+
+    @property
     def dense_bytes(self) -> int:
         """Bytes of the weight as stored (rows * cols * itemsize of `dtype`)."""
-        return self.size * (2 if self.dtype == "bfloat16" else np.dtype(self.dtype).itemsize)
+        return self.size * self.itemsize
 
 
 def as_matrix(view: WeightView, array: np.ndarray) -> np.ndarray:
