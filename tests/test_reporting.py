@@ -3,12 +3,14 @@
 from __future__ import annotations
 
 import base64
+import json
 import os
 import re
 import shutil
 import subprocess
 
 import numpy as np
+import onnx
 import pytest
 from onnx import TensorProto, helper, numpy_helper
 
@@ -186,3 +188,36 @@ def test_html_renders_in_headless_chromium(html_report, tmp_path):
     keep = os.environ.get("OPSCOPE_KEEP_SCREENSHOT")
     if keep:
         shutil.copy(shot, keep)
+
+
+def test_weights_section_in_the_report_and_alone(table, tmp_path, capsys):
+    """`opscope report --weights PLAN` adds the frontier table and both weights plots, self-contained;
+    `opscope weights --plan --report` draws them alone; a file that is not a plan is one line."""
+    from onnx_opscope.cli import main
+
+    model = tmp_path / "mm.onnx"
+    onnx.save(matmul_model(c=128), model)
+    plan, alone = tmp_path / "plan.json", tmp_path / "weights.html"
+    assert (
+        main(["weights", str(model), "--plan", str(plan), "--report", str(alone), "--batches", "2", "-q"])
+        == 0
+    )
+    full = tmp_path / "report.html"
+    assert main(["report", str(table), "--weights", str(plan), "-o", str(full), "-q"]) == 0
+    doc = json.loads(plan.read_text())
+    for page, images in ((alone, 2), (full, 5)):  # the report: 3 plots of the table (no costs given) + 2
+        text = page.read_text()
+        assert EXTERNAL.search(DATA_PAYLOAD.sub("data:", text)) is None
+        assert len(DATA_IMG.findall(text)) == images
+        assert "Weights: error against bytes per layer" in text and "allocators&#x27; frontier" in text
+        for row in doc["frontier"]:  # every budget's row, with its checked cosine
+            assert f'<td class="n">{row["budget"]:g}</td>' in text
+            assert f"{row['quality']['cosine']:.5f}" in text
+    md = tmp_path / "r.md"
+    assert main(["report", str(table), "--weights", str(plan), "-o", str(md), "-q"]) == 0
+    assert (tmp_path / "r_files" / "weights_frontier.png").read_bytes().startswith(PNG_MAGIC)
+    assert "## Weights: plans per byte budget" in md.read_text()
+    not_plan = tmp_path / "x.json"
+    not_plan.write_text("{}")
+    assert main(["report", str(table), "--weights", str(not_plan), "-o", str(tmp_path / "bad.html")]) == 2
+    assert "not a plan written by" in capsys.readouterr().err and not (tmp_path / "bad.html").exists()

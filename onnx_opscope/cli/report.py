@@ -37,6 +37,8 @@ def add_parser(subparsers) -> argparse.ArgumentParser:
     p.add_argument("--costs", metavar="FILE",
                    help="`opscope analyze` output (.json/.csv/.parquet) for FLOP shares and the roofline; "
                    "default: the table's own .sites.csv")  # fmt: skip
+    p.add_argument("--weights", metavar="PLAN.json",
+                   help="add the weights section: the plan JSON of `opscope weights --plan`")  # fmt: skip
     p.add_argument("--set", action="append", default=[], metavar="NAME=VALUE",
                    help="change a threshold when mining now, e.g. density_max=0.4 (repeatable; listed below)")  # fmt: skip
     add_quiet_argument(p)
@@ -44,13 +46,14 @@ def add_parser(subparsers) -> argparse.ArgumentParser:
 
 
 def run(args: argparse.Namespace) -> int:
-    check_writable(args.output, inputs=[args.table, args.findings, args.costs])
+    check_writable(args.output, inputs=[args.table, args.findings, args.costs, args.weights])
     path = report(
         args.table,
         args.output,
         findings=args.findings,
         costs=args.costs,
         config=config_with(overrides=args.set),
+        weights=args.weights,
     )
     if not args.quiet:
         print(f"wrote {path}")

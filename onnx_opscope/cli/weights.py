@@ -48,7 +48,8 @@ examples:
   opscope weights model.onnx                                  # the probes, largest weights first
   opscope weights model.onnx --format parquet -o probes.parquet
   opscope weights model.onnx --plan plan.json                 # menus, allocators, checked plans
-  opscope weights model.onnx --plan plan.json --storable --budgets 0.3,0.25
+  opscope weights model.onnx --plan plan.json --storable --budgets 0.3,0.25 --report plan.html
+  opscope report sketches.parquet --weights plan.json -o report.html   # the section in the main report
   opscope rewrite weights model.onnx --plan plan.json -o model.small.onnx
 """
 
@@ -84,6 +85,8 @@ def add_parser(subparsers) -> argparse.ArgumentParser:
     plan.add_argument("--svd-cap", type=int, default=DEFAULT_SVD_CAP, metavar="N",
                       help=f"randomized SVD above min(rows, cols) > N (default {DEFAULT_SVD_CAP})")  # fmt: skip
     plan.add_argument("--no-check", action="store_true", help="do not apply and score the plans")
+    plan.add_argument("--report", type=Path, metavar="OUT.html",
+                      help="also draw the plans: error against bytes per layer, the frontier (.html or .md)")  # fmt: skip
     plan.add_argument("--min-cosine", type=float, default=DEFAULT_MIN_COSINE,
                       help=f"quality gate: worst output cosine (default {DEFAULT_MIN_COSINE})")  # fmt: skip
     plan.add_argument("--min-top1", type=float, default=DEFAULT_MIN_TOP1,
@@ -108,7 +111,9 @@ def run(args: argparse.Namespace) -> int:
     if any(b < 2 or b > 16 for b in bits):
         raise OpscopeError(f"--bits {args.bits}: widths from 2 to 16")
     budgets = _floats(args.budgets, "--budgets")
-    for out in (args.output, args.plan):
+    if args.report is not None and args.plan is None:
+        raise OpscopeError("--report draws the plans: give --plan OUT.json too")
+    for out in (args.output, args.plan, args.report):
         if out is not None:
             check_writable(out, inputs=[args.model])
     probes = probe_weights(args.model, budget=args.budget, bits=bits)
@@ -120,8 +125,14 @@ def run(args: argparse.Namespace) -> int:
                              feeds=feed_spec_from_args(args), runtime=runtime_config_from_args(args),
                              min_cosine=args.min_cosine, min_top1=args.min_top1, svd_cap=args.svd_cap)  # fmt: skip
         plans.write(args.plan)
+        if args.report is not None:
+            from ..reporting import write_weights_report
+
+            write_weights_report(plans.to_dict(), args.report)
         if not args.quiet:
             print(_frontier_text(plans, args.plan))
+            if args.report is not None:
+                print(f"wrote {args.report}")
     return 0
 
 

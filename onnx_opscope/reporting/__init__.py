@@ -1,10 +1,12 @@
 """The report: findings, the commands that act on them, signals, rules and plots, as HTML or Markdown.
 
-`plots` draws the figures (matplotlib, Agg canvas, no display); `render` lays out the page and
-writes it (`report`).
+`plots` draws the figures (matplotlib, Agg canvas, no display); `weights` the weight plans'
+section (error against bytes per layer, the allocators' frontier); `render` lays out the page and
+writes it (`report`, and `write_weights_report` for the weights section alone).
 """
 
 from .plots import Plot, make_plots
 from .render import report
+from .weights import write_weights_report
 
-__all__ = ["Plot", "make_plots", "report"]
+__all__ = ["Plot", "make_plots", "report", "write_weights_report"]

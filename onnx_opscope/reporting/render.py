@@ -32,6 +32,7 @@ from ..findings.miner import run_record
 from ..findings.rules import DENSE_NOTE
 from ..findings.series import TableLike, read_sketch_table
 from .plots import Plot, make_plots, multi_run
+from .weights import WeightsSection, weights_section
 
 HTML_SUFFIXES = (".html", ".htm")
 MD_SUFFIXES = (".md", ".markdown")
@@ -151,8 +152,24 @@ def _md_table(head: list[str], rows: list[list[str]]) -> str:
     return "\n".join(out)
 
 
+def _md_weights(section: WeightsSection | None, plot_dir: str) -> list[str]:
+    if section is None:
+        return []
+    parts = [
+        "## Weights: plans per byte budget",
+        "",
+        section.summary,
+        "",
+        _md_table(section.head, section.rows),
+        "",
+    ]
+    for p in section.plots:
+        parts += [f"### {p.title}", "", f"![{p.title}]({plot_dir}/{p.name}.png)", "", p.caption, ""]
+    return parts
+
+
 def render_markdown(findings: Sequence[Finding], plots: Sequence[Plot], plot_dir: str, source: str,
-                    cfg: MineConfig) -> str:  # fmt: skip
+                    cfg: MineConfig, weights: WeightsSection | None = None) -> str:  # fmt: skip
     parts = ["# onnx-opscope report", "", *(f"- {line}" for line in _summary(findings, source)), ""]
     parts += ["## Findings (best first)", "", _md_table(*findings_rows(findings)), ""]
     actions = action_rows(findings)
@@ -160,6 +177,7 @@ def render_markdown(findings: Sequence[Finding], plots: Sequence[Plot], plot_dir
         parts += ["## What to do about it", "", _md_table(*actions), ""]
     for p in plots:
         parts += [f"## {p.title}", "", f"![{p.title}]({plot_dir}/{p.name}.png)", "", p.caption, ""]
+    parts += _md_weights(weights, plot_dir)
     parts += ["## Signals (means over steps)", "", _md_table(*signal_rows(findings)), ""]
     parts += ["## Rules (first match wins)", "", _md_table(*rule_rows(cfg)), ""]
     return "\n".join(parts)
@@ -195,7 +213,65 @@ def _html_table(head: list[str], rows: list[list[str]], numeric: Sequence[str] =
     return "\n".join(out)
 
 
-def render_html(findings: Sequence[Finding], plots: Sequence[Plot], source: str, cfg: MineConfig) -> str:
+def _html_figure(p: Plot, level: str = "h2") -> list[str]:
+    data = base64.b64encode(p.png).decode("ascii")
+    return [
+        f'<{level} id="{p.name}">{html.escape(p.title)}</{level}>',
+        f'<figure><img alt="{html.escape(p.title)}" src="data:image/png;base64,{data}">'
+        f"<figcaption>{html.escape(p.caption)}</figcaption></figure>",
+    ]
+
+
+def _html_weights(section: WeightsSection | None) -> list[str]:
+    if section is None:
+        return []
+    numeric = (
+        "budget",
+        "greedy Σerr",
+        "DADO Σerr",
+        "plan MiB",
+        "stored MiB",
+        "cosine",
+        "top-1",
+        "top-5",
+        "KL",
+    )
+    body = ['<h2 id="weights">Weights: plans per byte budget</h2>', f"<p>{html.escape(section.summary)}</p>"]
+    body.append(_html_table(section.head, section.rows, numeric=numeric))
+    for p in section.plots:
+        body += _html_figure(p, "h3")
+    return body
+
+
+def _html_page(title: str, body: list[str]) -> str:
+    return (
+        '<!DOCTYPE html>\n<html lang="en"><head><meta charset="utf-8">'
+        '<meta name="viewport" content="width=device-width, initial-scale=1">'
+        f"<title>{html.escape(title)}</title><style>{_CSS}</style></head>\n<body>\n"
+        + "\n".join(body)
+        + "\n</body></html>\n"
+    )
+
+
+def render_section_page(section: WeightsSection, out_path: str | os.PathLike) -> Path:
+    """A page holding only the weights section (`opscope weights --report`)."""
+    out = Path(out_path)
+    suffix = out.suffix.lower()
+    if suffix in HTML_SUFFIXES:
+        return write_text(
+            out,
+            _html_page("onnx-opscope weights", ["<h1>onnx-opscope weights</h1>", *_html_weights(section)]),
+        )
+    if suffix not in MD_SUFFIXES:
+        raise OpscopeError(f"{out}: the report is .html or .md, not {suffix or 'no suffix'!r}")
+    plot_dir = out.with_name(out.stem + "_files")
+    for p in section.plots:
+        write_bytes(plot_dir / f"{p.name}.png", p.png)
+    return write_text(out, "\n".join(["# onnx-opscope weights", "", *_md_weights(section, plot_dir.name)]))
+
+
+def render_html(findings: Sequence[Finding], plots: Sequence[Plot], source: str, cfg: MineConfig,
+                weights: WeightsSection | None = None) -> str:  # fmt: skip
     """One self-contained page: inline CSS, PNGs as data URIs, no script, no external reference."""
     numeric = ("#", "score", "est", "measured", "FLOP share", "saves", "M", "K", "N", "steps", "density", "outlier",
                "histtop", "hist_gaps", "pos_cv", "adj", "kurtosis", "nonfinite", "l1 cv", "repeat", "drift")  # fmt: skip
@@ -210,21 +286,11 @@ def render_html(findings: Sequence[Finding], plots: Sequence[Plot], source: str,
     if actions[1]:
         body += ["<h2>What to do about it</h2>", _html_table(*actions, numeric=("#",))]
     for p in plots:
-        data = base64.b64encode(p.png).decode("ascii")
-        body += [
-            f'<h2 id="{p.name}">{html.escape(p.title)}</h2>',
-            f'<figure><img alt="{html.escape(p.title)}" src="data:image/png;base64,{data}">'
-            f"<figcaption>{html.escape(p.caption)}</figcaption></figure>",
-        ]
+        body += _html_figure(p)
+    body += _html_weights(weights)
     body += ["<h2>Signals (means over steps)</h2>", _html_table(*signal_rows(findings), numeric=numeric)]
     body += ["<h2>Rules (first match wins)</h2>", _html_table(*rule_rows(cfg))]
-    return (
-        '<!DOCTYPE html>\n<html lang="en"><head><meta charset="utf-8">'
-        '<meta name="viewport" content="width=device-width, initial-scale=1">'
-        f"<title>onnx-opscope report: {html.escape(source)}</title><style>{_CSS}</style></head>\n<body>\n"
-        + "\n".join(body)
-        + "\n</body></html>\n"
-    )
+    return _html_page(f"onnx-opscope report: {source}", body)
 
 
 def _inline_code(line: str) -> str:
@@ -244,11 +310,13 @@ def report(
     findings: Sequence[Finding] | str | os.PathLike | None = None,
     costs: Any = None,
     config: MineConfig | None = None,
+    weights: Any = None,
 ) -> Path:
     """Write the report for `table` to `out_path` (.html: self-contained; .md: PNGs in `<stem>_files/`).
 
     `findings`: a list from `mine`, a path to saved findings, or None to mine the table now.
     `costs`: as for `mine`; analyzer records (flops, bytes, intensity) add the roofline plot.
+    `weights`: the plan JSON of `opscope weights --plan` (a path or its dict) adds the weights section.
     Findings of another table (run ids, model sha256) or costs of another model are an
     OpscopeError (see `findings.identity`); files that carry no identity give a SourceWarning.
     """
@@ -260,6 +328,7 @@ def report(
     t, path = read_sketch_table(table)
     cost_info = load_costs(costs, path)
     check_costs(cost_info, path)  # another model's costs: one error line, before anything is written
+    weights_part = weights_section(weights) if weights is not None else None
     series = collect(t)
     if findings is None:
         findings = mine_series(series, cost_info, cfg, model=run_record(path).get("model") or "MODEL")
@@ -272,8 +341,8 @@ def report(
     plots = make_plots(findings, series, cost_info, cfg)
     source = path.name if path is not None else "<in-memory table>"
     if suffix in HTML_SUFFIXES:
-        return write_text(out, render_html(findings, plots, source, cfg))
+        return write_text(out, render_html(findings, plots, source, cfg, weights_part))
     plot_dir = out.with_name(out.stem + "_files")
-    for p in plots:  # each PNG whole, then the page that shows them
+    for p in [*plots, *(weights_part.plots if weights_part else [])]:  # each PNG whole, then the page
         write_bytes(plot_dir / f"{p.name}.png", p.png)
-    return write_text(out, render_markdown(findings, plots, plot_dir.name, source, cfg))
+    return write_text(out, render_markdown(findings, plots, plot_dir.name, source, cfg, weights_part))
