@@ -23,6 +23,7 @@ from onnx import ModelProto
 from ..errors import OpscopeError
 from ..graph.io import ModelLike, load_model
 from ..transform import Rewritten, apply_weight_plan, stored_menus
+from ..weights.menu import menu_seconds
 from ..weights.plan import DEFAULT_BUDGETS, DEFAULT_SVD_CAP, LayerMenu, frontier, plan_for, weight_menus
 from .feeds import FeedSpec
 from .rewrite import write_rewrite
@@ -102,6 +103,7 @@ def _menu_rows(menus: Sequence[LayerMenu]) -> list[dict]:
             "op": m.view.op,
             "shape": list(m.view.shape),
             "dense_bytes": m.view.dense_bytes,
+            "seconds": menu_seconds(m.options),  # the layer's menu, SVDs included
             "options": [
                 {"kind": o.kind, "label": o.label, "error": o.error, "bytes": o.bytes} for o in m.options
             ],
