@@ -6,7 +6,6 @@ writes it (`report`, and `write_weights_report` for the weights section alone).
 """
 
 from .plots import Plot, make_plots
-from .render import report
-from .weights import write_weights_report
+from .render import report, write_weights_report
 
 __all__ = ["Plot", "make_plots", "report", "write_weights_report"]

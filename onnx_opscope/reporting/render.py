@@ -253,8 +253,10 @@ def _html_page(title: str, body: list[str]) -> str:
     )
 
 
-def render_section_page(section: WeightsSection, out_path: str | os.PathLike) -> Path:
-    """A page holding only the weights section (`opscope weights --report`)."""
+def write_weights_report(plan: Any, out_path: str | os.PathLike) -> Path:
+    """A page of the weights section alone (`opscope weights --report`): .html self-contained, .md with
+    its PNGs beside it. `plan`: the plan JSON of `opscope weights --plan`, a path or its dict."""
+    section = weights_section(plan)
     out = Path(out_path)
     suffix = out.suffix.lower()
     if suffix in HTML_SUFFIXES:

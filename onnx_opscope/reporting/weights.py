@@ -8,7 +8,6 @@ stores and its end-to-end check) and `layers` (the chosen plan).
 from __future__ import annotations
 
 import json
-import os
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -142,10 +141,3 @@ def weights_section(plan: Any) -> WeightsSection:
     )  # fmt: skip
     plots = [p for p in (plot_menus(doc), plot_frontier(doc)) if p is not None]
     return WeightsSection(*frontier_rows(doc), plots, summary)
-
-
-def write_weights_report(plan: Any, out: str | os.PathLike) -> Path:
-    """A page of the weights section alone (.html self-contained, .md with PNGs beside it)."""
-    from .render import render_section_page
-
-    return render_section_page(weights_section(plan), out)
