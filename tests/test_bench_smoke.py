@@ -61,3 +61,17 @@ def test_calibrate_quick_run_prints_every_row():
         assert "**failed**" not in rows[row.label], rows[row.label]
     assert "ORT EntropyCalibrater, 4 batches" in rows  # the row that says why it is not run
     assert "## Goals" in out
+
+
+def test_weights_and_counting_quick_runs():
+    """scripts/bench_weights.py --quick (probes of a tiled model with external data) and
+    scripts/bench_counting.py on a small tensor print their tables."""
+    for script, args, expect in [
+        ("bench_weights.py", ["--quick"], ["| probe_weights |", "largest tensor"]),
+        ("bench_counting.py", ["--elements", "20000", "--runs", "2", "--bins", "64"], ["np.histogram", "host np.bincount"]),
+    ]:  # fmt: skip
+        proc = subprocess.run([sys.executable, str(ROOT / "scripts" / script), *args], capture_output=True,
+                              text=True, timeout=300, cwd=ROOT)  # fmt: skip
+        assert proc.returncode == 0, (script, proc.stderr[-2000:])
+        for text in expect:
+            assert text in proc.stdout, (script, text, proc.stdout[-2000:])

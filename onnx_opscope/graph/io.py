@@ -86,6 +86,22 @@ def _check_header(model: ModelProto, path: Path) -> None:
         )
 
 
+def model_and_data_dir(
+    model: ModelLike, base_dir: str | os.PathLike | None = None
+) -> tuple[ModelProto, str | os.PathLike | None]:
+    """(the model's proto, the folder of its external data): a path's own folder unless `base_dir`
+    says otherwise, a ModelProto's `base_dir`. Every external location is checked to stay inside it."""
+    if isinstance(model, ModelProto):
+        if base_dir is not None:
+            check_external_data(model, base_dir)
+        return model, base_dir
+    proto = load_model(model, check_external=base_dir is None)
+    if base_dir is None:
+        return proto, Path(model).parent
+    check_external_data(proto, base_dir, name=str(model))
+    return proto, base_dir
+
+
 def without_weight_data(model: ModelProto, min_bytes: int = 64 * 1024) -> ModelProto:
     """A copy of `model` whose main-graph initializers of `min_bytes` or more keep their name,
     dims and dtype but no bytes: what shape inference and site finding need, and nothing more.

@@ -20,12 +20,12 @@ import os
 from pathlib import Path
 
 import numpy as np
-from onnx import ModelProto, TensorProto, numpy_helper
+from onnx import TensorProto, numpy_helper
 
 from .. import sketch as sk
 from ..errors import OpscopeError
 from ..graph.index import Constant, ModelIndex
-from ..graph.io import ModelLike, check_external_data, load_model, read_external_tensor
+from ..graph.io import ModelLike, model_and_data_dir, read_external_tensor
 from ..graph.proto import is_external
 from .decode import HostValues
 from .manifest import Manifest, TapRecord
@@ -44,16 +44,7 @@ def host_values(
     taps = [t for t in manifest.taps if t.constant]
     if not taps:
         return {}
-    if isinstance(model, ModelProto):
-        proto = model
-        if base_dir is not None:
-            check_external_data(proto, base_dir)
-    else:
-        proto = load_model(model, check_external=base_dir is None)
-        if base_dir is None:
-            base_dir = Path(model).parent
-        else:
-            check_external_data(proto, base_dir, name=str(model))
+    proto, base_dir = model_and_data_dir(model, base_dir)
     opts = manifest.sketch_options()
     index = ModelIndex(proto)
     out: HostValues = {}

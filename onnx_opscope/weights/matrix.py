@@ -33,14 +33,13 @@ from __future__ import annotations
 import os
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
-from pathlib import Path
 
 import numpy as np
-from onnx import AttributeProto, ModelProto, NodeProto, TensorProto, numpy_helper
+from onnx import AttributeProto, NodeProto, TensorProto, numpy_helper
 
 from ..errors import OpscopeError
 from ..graph.index import Constant, GraphEntry, ModelIndex
-from ..graph.io import ModelLike, check_external_data, load_model, read_external_tensor
+from ..graph.io import ModelLike, model_and_data_dir, read_external_tensor
 from ..graph.proto import attr, constant_value, is_external
 
 _DTYPE_NAMES = {TensorProto.FLOAT: "float32", TensorProto.FLOAT16: "float16",
@@ -113,16 +112,7 @@ def find_weights(
     otherwise) or a ModelProto (`base_dir`: the folder of its external data, needed only if it has
     some). Raises OpscopeError for external locations that leave `base_dir`.
     """
-    if isinstance(model, ModelProto):
-        proto = model
-        if base_dir is not None:
-            check_external_data(proto, base_dir)
-    else:
-        proto = load_model(model, check_external=base_dir is None)
-        if base_dir is None:
-            base_dir = Path(model).parent
-        else:
-            check_external_data(proto, base_dir, name=str(model))
+    proto, base_dir = model_and_data_dir(model, base_dir)
     index = ModelIndex(proto)
     readers = _readers(index)
     found = []
