@@ -64,7 +64,8 @@ from ..graph import Builder, ModelIndex, load_model, opset_version
 from ..graph.expose import expose
 from ..graph.io import ModelLike
 from ..graph.opset import has_op, scatter_add_available
-from ..run.session import CPU, RuntimeConfig, for_tapped, make_session, resolve_providers, run
+from ..run.engine import Engine, run_batches, sessions_for
+from ..run.session import CPU, RuntimeConfig, for_tapped, resolve_providers
 
 MODES = ("symmetric", "absolute", "minmax")
 F32_MAX = float(np.finfo(np.float32).max)
@@ -296,8 +297,10 @@ def histogram_pass(
     bins: int = 2048,
     mode: str = "symmetric",
     base_dir: str | os.PathLike | None = None,
+    engine: Engine | None = None,
 ) -> dict[str, Histogram]:
-    """Histograms of every tensor in `ranges` over all `feeds` (one session run per feed dict).
+    """Histograms of every tensor in `ranges` over all `feeds` (one session run per feed dict; on
+    `engine`'s Ray workers each counts its batches and returns [bins + 2] arrays, summed here).
 
     `ranges`: each tensor's (min, max) from pass 1, keyed by name or `CalibTensor`; `mode`:
     "symmetric" | "absolute" | "minmax" (the module doc). The model is not changed (a copy is
@@ -311,13 +314,31 @@ def histogram_pass(
     runtime = runtime or RuntimeConfig()
     cpu_only = resolve_providers(runtime.providers, runtime.fallback) == [CPU]
     taps = add_histogram_taps(tapped, ranges, bins, mode, host_counts=cpu_only)
-    session = make_session(tapped, for_tapped(runtime), base_dir=base_dir)
+    engine = engine or Engine()
+    data, factory = sessions_for(engine, tapped, for_tapped(runtime), base_dir)
     outputs = [tap.counts for tap in taps]
     acc = {tap.name: np.zeros(bins + 2, np.int64) for tap in taps}
-    for feed in feeds:
-        for tap, got in zip(taps, run(session, feed, outputs)):
-            _accumulate(acc[tap.name], got, tap)
+    for _, counts in run_batches(engine, data, factory, feeds, outputs, BatchCounts(taps, bins)):
+        for tap, c in zip(taps, counts):
+            acc[tap.name] += c
     return {tap.name: _histogram(acc[tap.name], tap, mode) for tap in taps}
+
+
+@dataclass(frozen=True)
+class BatchCounts:
+    """One batch's [bins + 2] counts per tap, from its outputs (where the batch ran: a Ray worker
+    sends these back, not the bin indices)."""
+
+    taps: list[_Tap]
+    bins: int
+
+    def __call__(self, step: int, outputs: dict[str, np.ndarray]) -> list[np.ndarray]:
+        out = []
+        for tap in self.taps:
+            acc = np.zeros(self.bins + 2, np.int64)
+            _accumulate(acc, outputs[tap.counts], tap)
+            out.append(acc)
+        return out
 
 
 def _histogram(acc: np.ndarray, tap: _Tap, mode: str) -> Histogram:

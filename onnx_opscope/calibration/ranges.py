@@ -29,7 +29,8 @@ from onnx import ModelProto
 from ..errors import OpscopeError, did_you_mean
 from ..graph import load_model
 from ..graph.io import ModelLike
-from ..run import FeedSpec, RuntimeConfig, iter_feeds, make_session, run_session
+from ..run import FeedSpec, RuntimeConfig, iter_feeds
+from ..run.engine import Engine, InOrder, run_batches, sessions_for
 from ..run.feeds import DEFAULT_BATCHES
 from .taps import MinMaxTap, add_minmax_taps
 from .tensors import CalibTensor, default_op_types, tensors_to_calibrate
@@ -93,6 +94,7 @@ def calibrate(
     percentile: float = 99.999,
     base_dir: str | os.PathLike | None = None,
     progress: Callable[[int, int | None], None] | None = None,
+    engine: Engine | None = None,
 ) -> CalibrationResult:
     """Ranges for every tensor `quantize_static(model, op_types_to_quantize=op_types)` calibrates, If /
     Loop / Scan bodies included, over the batches of `feeds` (None: synthetic, as `record`).
@@ -102,7 +104,8 @@ def calibrate(
     onnxruntime's CalibTensorRangeSymmetric (None: its default, on for percentile only). `bins` and
     `percentile` are for the histogram methods; `bins` None is onnxruntime's default for the method
     (`create_calibrator`: 128 for entropy, 2048 otherwise), so `--method entropy` means its entropy.
-    `progress(done, total_or_None)` is called after each batch of each pass.
+    `progress(done, total_or_None)` is called after each batch of each pass. `engine`: where the
+    batches run (`run.engine`; on Ray each worker returns per-batch min/max or counts only).
     """
     started = time.perf_counter()
     if method not in METHODS:
@@ -121,7 +124,8 @@ def calibrate(
             f"no float tensor to calibrate for op types {', '.join(op_types) if op_types else '(default)'}",
             hint="--op-types names the ops whose inputs and outputs are calibrated, e.g. Conv,MatMul",
         )
-    observed, batches = _minmax_pass(source, tensors, feeds, runtime, base_dir, progress)
+    engine = engine or Engine()
+    observed, batches = _minmax_pass(source, tensors, feeds, runtime, base_dir, progress, engine)
     minmax = {t.name: observed[t.name] for t in tensors if t.name in observed}
     unobserved = sorted({t.name for t in tensors} - set(minmax))
     ranges = minmax
@@ -134,7 +138,14 @@ def calibrate(
         mode = "absolute" if method == "percentile" and symmetric else "symmetric"
         counted = {t: minmax[t.name] for t in tensors if t.name in minmax}
         hists = histogram_pass(
-            source, counted, _replayable(feeds, source), runtime, bins=bins, mode=mode, base_dir=base_dir
+            source,
+            counted,
+            _replayable(feeds, source),
+            runtime,
+            bins=bins,
+            mode=mode,
+            base_dir=base_dir,
+            engine=engine,
         )
         extra = {"percentile": percentile, "symmetric": symmetric} if method == "percentile" else {}
         ranges = compute_ranges(method, hists, **extra)
@@ -225,17 +236,17 @@ def _minmax_pass(
     runtime: RuntimeConfig,
     base_dir: str | os.PathLike | None,
     progress: Callable[[int, int | None], None] | None,
+    engine: Engine,
 ) -> tuple[dict[str, tuple[np.floating, np.floating]], int]:
     """Run every batch once through the min/max-tapped model; the running min / max per tensor."""
     tapped = copy.deepcopy(source)
     taps = add_minmax_taps(tapped, tensors)
-    session = make_session(tapped, runtime, base_dir=base_dir, take_weights=True)
+    data, factory = sessions_for(engine, tapped, runtime, base_dir)
     names = [n for tap in taps for n in (tap.min_output, tap.max_output)]
     total = _total(feeds)
     acc: dict[str, list] = {}
     done = 0
-    for feed in batches_of(feeds, source):
-        values = run_session(session, feed, names)
+    for _, values in run_batches(engine, data, factory, batches_of(feeds, source), names, InOrder(names)):
         _fold(acc, taps, values)
         done += 1
         if progress is not None:

@@ -14,11 +14,13 @@ from ..calibration.fp16 import check_precision
 from ..errors import OpscopeError
 from ..files import check_writable, write_text
 from .options import (
+    add_engine_arguments,
     add_feed_arguments,
     add_output_argument,
     add_quiet_argument,
     add_runtime_arguments,
     csv_items,
+    engine_from_args,
     feed_spec_from_args,
     runtime_config_from_args,
 )
@@ -130,6 +132,7 @@ def add_parser(sub) -> argparse.ArgumentParser:
     add_feed_arguments(p)
     # off by default: the floats onnxruntime's own calibrator sees (it runs without optimizations)
     add_runtime_arguments(p, opt_level="disable")
+    add_engine_arguments(p)
     return p
 
 
@@ -159,6 +162,7 @@ def run(args: argparse.Namespace) -> int:
             bins=args.bins,
             percentile=args.percentile,
             progress=lambda done, total: bar.update(task, completed=done, total=total),
+            engine=engine_from_args(args),
         )
     written = write_ranges(result, args.output, args.format, inputs=(args.model,))
     if args.qdq is not None:

@@ -19,6 +19,7 @@ import onnxruntime as ort
 
 from ..errors import OpscopeError
 from ..instrument import PLACEMENTS
+from ..run.engine import Engine
 from ..run.feeds import DEFAULT_BATCH, DEFAULT_BATCHES, DEFAULT_DIM, DISTRIBUTIONS, FeedSpec, Scalar
 from ..run.session import RuntimeConfig
 from ..sites import SITE_KINDS, TAPPABLE_OPS, Selection
@@ -257,6 +258,27 @@ def runtime_config_from_args(args: argparse.Namespace) -> RuntimeConfig:
         threads=args.threads,
         fallback=args.fallback,
     )
+
+
+def add_engine_arguments(parser: argparse.ArgumentParser) -> None:
+    """Where the batches run: this process, or Ray workers (`run.engine`)."""
+    g = parser.add_argument_group("engine", "where the batches run")
+    g.add_argument(
+        "--engine",
+        default="local",
+        metavar="local|ray",
+        help="local (default) or ray: batches sharded over Ray workers, one session each "
+        "(pip install 'onnx-opscope[ray]'); the same rows either way",
+    )
+    g.add_argument("--address", default=None, help="a Ray cluster to join (default: start a local one)")
+    g.add_argument("--workers", type=int, default=None, metavar="N",
+                   help="Ray workers (default: one per CPU of the cluster)")  # fmt: skip
+
+
+def engine_from_args(args: argparse.Namespace) -> Engine:
+    if args.engine == "local" and (args.address or args.workers):
+        raise OpscopeError("--address and --workers are for --engine ray")
+    return Engine(args.engine, args.address, args.workers)
 
 
 # --------------------------------------------------------------------------------------------

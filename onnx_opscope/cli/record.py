@@ -20,11 +20,13 @@ from rich.progress import (
 from ..errors import OpscopeError
 from ..run import record
 from .options import (
+    add_engine_arguments,
     add_feed_arguments,
     add_output_argument,
     add_quiet_argument,
     add_runtime_arguments,
     add_tap_arguments,
+    engine_from_args,
     feed_spec_from_args,
     runtime_config_from_args,
     selection_from_args,
@@ -82,6 +84,7 @@ def add_parser(sub) -> argparse.ArgumentParser:
     add_quiet_argument(p)
     add_feed_arguments(p)
     add_runtime_arguments(p)
+    add_engine_arguments(p)
     add_tap_arguments(p)
     return p
 
@@ -138,6 +141,7 @@ def run(args: argparse.Namespace) -> int:
             parity=not args.no_parity,
             parity_tol=parse_tol(args.parity_tol),
             progress=progress,
+            engine=engine_from_args(args),
         )
     if not args.quiet:
         par = result.parity

@@ -18,7 +18,7 @@ import json
 import os
 import time
 import warnings
-from collections.abc import Callable
+from collections.abc import Callable, Iterable, Iterator
 from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import asdict, dataclass, field
 from datetime import datetime, timezone
@@ -34,6 +34,7 @@ from ..files import atomic_path, check_writable, write_text
 from ..graph.io import ModelLike
 from ..instrument import HostValues, Manifest, Rows, decode, host_values, inject
 from ..sites import Selection, Site
+from .engine import Engine, run_batches, sessions_for
 from .feeds import DEFAULT_BATCHES, FeedSpec, describe_feeds, iter_feeds
 from .kernels import checked_sites
 from .session import RuntimeConfig, for_tapped, make_session, resolve_providers, run
@@ -162,8 +163,12 @@ def record(
     parity_tol: tuple[float, float] | None = None,
     base_dir: str | os.PathLike | None = None,
     progress: Callable[[int, int | None], None] | None = None,
+    engine: Engine | None = None,
 ) -> RecordResult:
     """Record sketches of `model` over the batches of `feeds` into the table at `out`.
+
+    `engine`: where the batches run (`run.engine`: this process, or Ray workers each holding a
+    session; the table's rows are the same either way, written here in step order).
 
     Returns paths and counts; raises OpscopeError for user mistakes and for a failed parity
     gate (the instrumented model's own outputs differ from the plain model's on batch 0 by
@@ -189,11 +194,15 @@ def record(
     # the weights; the plain parity session reads the file itself when there is one.
     host = host_values(manifest, instrumented, base_dir)  # the weight taps, once, before any batch
     tapped_runtime = for_tapped(runtime)
-    # the weights go into the session; the proto keeps the graph (the feeds' signature) only
-    session = make_session(instrumented, tapped_runtime, base_dir=base_dir, take_weights=True)
-    record_rt = tapped_runtime.to_record(session)
+    engine = engine or Engine()
+    want_taps = manifest.output_names()
+    want = manifest.original_outputs + want_taps if parity else want_taps
+    # locally the weights go into the session; the proto keeps the graph (the feeds' signature) only
+    model_bytes, factory = sessions_for(engine, instrumented, tapped_runtime, base_dir)
+    session = factory(None) if engine.kind == "local" else None  # on Ray each worker holds its own
+    record_rt = tapped_runtime.to_record(session) | {"engine": asdict(engine)}
     run_id = run_id or f"{Path(manifest.source).stem}-{datetime.now(timezone.utc):%Y%m%dT%H%M%S}"
-    labels = (run_id, session.get_providers()[0].removesuffix("ExecutionProvider").lower(),
+    labels = (run_id, record_rt["providers"][0].removesuffix("ExecutionProvider").lower(),
               "data" if feeds.data is not None else feeds.dist)  # fmt: skip
     total = feeds.batches if feeds.batches is not None else (None if feeds.data else DEFAULT_BATCHES)
     tol = parity_tol or default_parity_tolerance(runtime.graph_opt)
@@ -206,15 +215,15 @@ def record(
     sink = _Sink(TableWriter(out, fmt), manifest, host, labels, progress, total, meta, started)
     pipeline = BatchPipeline(sink)
     gate, complete = None, False
+    first: list = []  # batch 0, for the plain model's parity run
     try:
-        for step, batch in enumerate(batches):
-            check = parity and step == 0
-            want = manifest.original_outputs + manifest.output_names() if check else manifest.output_names()
-            outputs = dict(zip(want, run(session, batch, want)))
-            if check:
-                gate = _parity_gate(model, runtime, base_dir, batch, manifest, outputs, tol)
+        kept = _remember_first(batches, first)
+        post = TapsOnly(want_taps, keep_all_at_step0=parity)
+        for step, outputs in run_batches(engine, model_bytes, factory, kept, want, post):
+            if parity and step == 0:
+                gate = _parity_gate(model, runtime, base_dir, first[0], manifest, outputs, tol)
                 meta["parity"] = asdict(gate)
-            pipeline.submit(step, {name: outputs[name] for name in manifest.output_names()})
+            pipeline.submit(step, {name: outputs[name] for name in want_taps})
         pipeline.close()
         complete = True
     except KeyboardInterrupt:
@@ -230,6 +239,26 @@ def record(
     seconds = round(time.perf_counter() - started, 3)
     sites_path, run_path = sidecar_paths(out)
     return RecordResult(out, sites_path, run_path, manifest, sink.steps, sink.rows, seconds, gate, record_rt)
+
+
+@dataclass(frozen=True)
+class TapsOnly:
+    """What a batch sends back: the tap outputs, and at step 0 (for the parity gate) the model's own."""
+
+    taps: list[str]
+    keep_all_at_step0: bool
+
+    def __call__(self, step: int, outputs: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
+        if step == 0 and self.keep_all_at_step0:
+            return outputs
+        return {name: outputs[name] for name in self.taps}
+
+
+def _remember_first(batches: Iterable[dict[str, np.ndarray]], first: list) -> Iterator[dict[str, np.ndarray]]:
+    for step, batch in enumerate(batches):
+        if step == 0:
+            first.append(batch)
+        yield batch
 
 
 def _kept(steps: int, total: int | None, out: Path) -> str:

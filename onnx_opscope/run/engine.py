@@ -1,0 +1,203 @@
+"""Where batches run: in this process (`local`), or sharded over the workers of a Ray cluster (`ray`).
+
+The Ray engine is an optional extra (`pip install 'onnx-opscope[ray]'`). Each worker is an actor
+holding one onnxruntime session of the (instrumented) model, built once from the model bytes the
+driver put in Ray's object store; a batch is one actor call that returns what the caller's `post`
+makes of the outputs (for `record`, the few bytes per tensor the taps compute; for calibration,
+per-batch min/max or [bins] counts), never a tensor. The driver keeps at most `in_flight` calls
+outstanding and yields the results in step order, so it holds a bounded number of batches'
+results whatever the number of batches, and a table written from them has the rows a
+single-process run writes, in the same order.
+
+Faults: an actor whose process dies is restarted by Ray (`max_restarts`) and the calls it had not
+answered are run again (`max_task_retries`); the driver takes each step's result once, so a
+killed worker loses no batch and duplicates none.
+"""
+
+from __future__ import annotations
+
+import os
+from collections import deque
+from collections.abc import Callable, Iterable, Iterator, Mapping
+from dataclasses import dataclass
+from functools import partial
+from typing import Any
+
+import numpy as np
+from onnx import ModelProto
+
+from ..errors import OpscopeError
+
+ENGINES = ("local", "ray")
+_PROTO_LIMIT = 2**31 - 1
+Post = Callable[[int, dict[str, np.ndarray]], Any]  # (step, outputs) -> what comes back to the driver
+
+
+@dataclass(frozen=True)
+class Engine:
+    """`kind`: "local" or "ray"; `address`: a Ray cluster to join (None: start a local one);
+    `workers`: actors (None: one per CPU Ray reports); `in_flight`: outstanding calls per worker."""
+
+    kind: str = "local"
+    address: str | None = None
+    workers: int | None = None
+    in_flight: int = 2
+
+    def __post_init__(self) -> None:
+        if self.kind not in ENGINES:
+            from ..errors import did_you_mean
+
+            raise OpscopeError(
+                f"unknown engine {self.kind!r}{did_you_mean(self.kind, ENGINES)}; choose one of: {', '.join(ENGINES)}"
+            )
+        if self.workers is not None and self.workers < 1:
+            raise OpscopeError(f"workers {self.workers}: expected at least 1")
+
+
+def import_ray() -> Any:
+    """The ray module, or one line naming the extra that installs it."""
+    try:
+        import ray
+    except ImportError:
+        raise OpscopeError(
+            "--engine ray needs Ray, which is not installed",
+            hint="pip install 'onnx-opscope[ray]'",
+        ) from None
+    return ray
+
+
+def ensure_ray(engine: Engine) -> Any:
+    """Ray, connected: to `engine.address` when given, else to a local instance started here."""
+    ray = import_ray()
+    if not ray.is_initialized():
+        kwargs: dict[str, Any] = {
+            "include_dashboard": False,
+            "log_to_driver": False,
+            "configure_logging": False,
+        }
+        if engine.address:
+            kwargs["address"] = engine.address
+        try:
+            ray.init(**kwargs)
+        except (ConnectionError, RuntimeError, ValueError) as exc:
+            where = engine.address or "a local instance"
+            raise OpscopeError(f"cannot start Ray ({where}): {str(exc).splitlines()[0]}") from None
+    return ray
+
+
+def serialized_for_workers(model: ModelProto) -> bytes:
+    """The model as bytes for Ray's object store (external data stays a reference: the workers read
+    it from the same folder, so it must be on storage they share)."""
+    if model.ByteSize() > _PROTO_LIMIT:
+        raise OpscopeError(
+            "the model is over 2 GB with its weights inside: Ray workers cannot be sent it",
+            hint="save it with external data (onnx.save(..., save_as_external_data=True)) on storage the workers share",
+        )
+    return model.SerializeToString()
+
+
+def session_from_bytes(model_bytes: bytes, *, config: Any, base_dir: str | os.PathLike | None) -> Any:
+    """A worker's session of the model the driver serialised (`make_session` as in this process)."""
+    import onnx
+
+    from .session import make_session
+
+    return make_session(onnx.load_from_string(model_bytes), config, base_dir=base_dir, take_weights=True)
+
+
+def sessions_for(
+    engine: Engine, model: ModelProto, config: Any, base_dir: str | os.PathLike | None
+) -> tuple[bytes | None, Callable[[bytes | None], Any]]:
+    """(model bytes, session factory) for `run_batches`: locally one session built now (the proto's
+    weights moved into it: `model` is left without them), on Ray the bytes each worker builds from."""
+    if engine.kind == "local":
+        from .session import make_session
+
+        session = make_session(model, config, base_dir=base_dir, take_weights=True)
+        return None, lambda _: session
+    ensure_ray(engine)  # before any work: a missing extra or an unreachable cluster is one line now
+    return serialized_for_workers(model), partial(session_from_bytes, config=config, base_dir=base_dir)
+
+
+def worker_count(engine: Engine) -> int:
+    ray = ensure_ray(engine)
+    return engine.workers or max(1, int(ray.cluster_resources().get("CPU", 1)))
+
+
+def run_batches(
+    engine: Engine,
+    model_bytes: bytes | None,
+    session_factory: Callable[[bytes | None], Any],
+    batches: Iterable[Mapping[str, np.ndarray]],
+    want: list[str],
+    post: Post,
+) -> Iterator[tuple[int, Any]]:
+    """(step, post(step, outputs)) for every batch, in step order, run where `engine` says.
+
+    `session_factory(model_bytes)` builds the session a worker runs (locally: called once here).
+    """
+    if engine.kind == "local":
+        session = session_factory(model_bytes)
+        from .session import run
+
+        for step, batch in enumerate(batches):
+            yield step, post(step, dict(zip(want, run(session, batch, want))))
+        return
+    yield from _ray_batches(engine, model_bytes, session_factory, batches, want, post)
+
+
+def _ray_batches(engine, model_bytes, session_factory, batches, want, post) -> Iterator[tuple[int, Any]]:
+    ray = ensure_ray(engine)
+    n = worker_count(engine)
+    model_ref = ray.put(model_bytes)
+    actor_cls = ray.remote(num_cpus=1, max_restarts=-1, max_task_retries=-1)(_Worker)
+    # Ray resolves the reference for each actor, again after a restart: the driver keeps it alive until
+    # the end (Ray's log warns that restartable actors with object-store arguments depend on that)
+    actors = [actor_cls.remote(model_ref, session_factory, want, post) for _ in range(n)]
+    pending: deque = deque()  # (step, ref) in step order
+    try:
+        for step, batch in enumerate(batches):
+            pending.append((step, actors[step % n].run.remote(step, dict(batch))))
+            if len(pending) >= n * engine.in_flight:
+                s, ref = pending.popleft()
+                yield s, _get(ray, ref, s)
+        while pending:
+            s, ref = pending.popleft()
+            yield s, _get(ray, ref, s)
+    finally:
+        for actor in actors:
+            ray.kill(actor, no_restart=True)
+
+
+def _get(ray: Any, ref: Any, step: int) -> Any:
+    try:
+        return ray.get(ref)
+    except ray.exceptions.RayTaskError as exc:  # the worker's own exception, re-raised as what it was
+        cause = exc.as_instanceof_cause()
+        if isinstance(cause, OpscopeError):
+            raise OpscopeError(f"batch {step}: {cause}") from None
+        raise OpscopeError(f"batch {step} failed on a Ray worker: {str(cause).splitlines()[0]}") from None
+
+
+@dataclass(frozen=True)
+class InOrder:
+    """A `post` that returns the outputs as a list in `names` order."""
+
+    names: list[str]
+
+    def __call__(self, step: int, outputs: dict[str, np.ndarray]) -> list[np.ndarray]:
+        return [outputs[n] for n in self.names]
+
+
+class _Worker:
+    """One Ray actor: a session of the model, built once; state is real (the session)."""
+
+    def __init__(self, model_bytes: bytes | None, session_factory, want: list[str], post: Post):
+        os.environ.setdefault("OMP_NUM_THREADS", "1")
+        self.session = session_factory(model_bytes)
+        self.want, self.post = want, post
+
+    def run(self, step: int, batch: dict[str, np.ndarray]) -> Any:
+        from .session import run
+
+        return self.post(step, dict(zip(self.want, run(self.session, batch, self.want))))
