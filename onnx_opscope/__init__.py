@@ -13,6 +13,7 @@ The public API: each function is one call for what its `opscope` command does.
     parity(a, b) / parity(a, providers=...)  outputs and first diverging layer     (opscope parity)
     calibrate(model, feeds)            quantization ranges of what quantize_static calibrates
                                        (opscope calibrate); caches and QDQ: calibration.export
+    survey(models, record=False)       analyze (and record) many models, a row each (opscope zoo)
     probe_weights(model)               per-weight probes and hints                 (opscope weights)
     plan_weights(model, budgets=...)   per-layer menus, allocators per byte budget, each plan
                                        applied and scored end to end              (opscope weights --plan)
@@ -65,6 +66,8 @@ _API = {
     "validate_skips": "run",
     "write_rewrite": "run",
     "plan_weights": "run",
+    "Engine": "run",
+    "survey": "analysis.survey",
     "calibrate": "calibration",
     "analyze": "analysis",
     "MineConfig": "findings",

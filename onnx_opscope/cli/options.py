@@ -260,9 +260,9 @@ def runtime_config_from_args(args: argparse.Namespace) -> RuntimeConfig:
     )
 
 
-def add_engine_arguments(parser: argparse.ArgumentParser) -> None:
-    """Where the batches run: this process, or Ray workers (`run.engine`)."""
-    g = parser.add_argument_group("engine", "where the batches run")
+def add_engine_arguments(parser: argparse.ArgumentParser, what: str = "where the batches run") -> None:
+    """Where the work runs: this process, or Ray workers (`run.engine`)."""
+    g = parser.add_argument_group("engine", what)
     g.add_argument(
         "--engine",
         default="local",
@@ -270,14 +270,19 @@ def add_engine_arguments(parser: argparse.ArgumentParser) -> None:
         help="local (default) or ray: batches sharded over Ray workers, one session each "
         "(pip install 'onnx-opscope[ray]'); the same rows either way",
     )
-    g.add_argument("--address", default=None, help="a Ray cluster to join (default: start a local one)")
+    g.add_argument("--address", default=None, metavar="ADDR",
+                   help="the Ray cluster to join, e.g. auto or ray://head:10001 (default: start a local one)")  # fmt: skip
     g.add_argument("--workers", type=int, default=None, metavar="N",
                    help="Ray workers (default: one per CPU of the cluster)")  # fmt: skip
 
 
 def engine_from_args(args: argparse.Namespace) -> Engine:
-    if args.engine == "local" and (args.address or args.workers):
-        raise OpscopeError("--address and --workers are for --engine ray")
+    if args.engine != "ray":
+        given = [
+            flag for flag, v in (("--address", args.address), ("--workers", args.workers)) if v is not None
+        ]
+        if given:
+            raise OpscopeError(f"{' and '.join(given)} {'needs' if len(given) == 1 else 'need'} --engine ray")
     return Engine(args.engine, args.address, args.workers)
 
 

@@ -7,9 +7,11 @@
 - `table`: the tidy sketch table, written batch by batch, and `read_table`;
 - `parity`: a model against its rewrite or against itself on another provider;
 - `rewrite`: a rewrite saved beside its source's weights, and scored against it;
-- `weights`: weight plans per byte budget, each applied and scored end to end.
+- `weights`: weight plans per byte budget, each applied and scored end to end;
+- `engine`: where batches run (this process, or Ray workers).
 """
 
+from .engine import Engine
 from .feeds import DISTRIBUTIONS, FeedSpec, input_signature, iter_feeds, load_data, synthetic_feeds
 from .kernels import KernelChange, KernelChangeWarning, keep_kernels
 from .parity import parity, parity_models, parity_providers, validate_skips
@@ -47,4 +49,5 @@ __all__ = [
     "WrittenRewrite",
     "WeightPlans",
     "plan_weights",
+    "Engine",
 ]

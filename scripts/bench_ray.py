@@ -1,0 +1,169 @@
+"""`record --engine ray` against one process, on the same model, batches and taps.
+
+    python scripts/bench_ray.py                 # bert_like, 2 workers vs 1 process, 1 thread each
+    python scripts/bench_ray.py --quick         # smoke run: its figures mean nothing
+
+Rows, each in a fresh process, 3 rounds interleaved (median [min-max]):
+- one process, 1 intra-op thread: `record(...)` as the CLI runs it, at N and 2N batches;
+- Ray, `--workers` actors of 1 thread each on a local cluster started in that process, at N and
+  2N batches. Ray's own start-up (`ray.init`) is timed apart; what is left of a recording beyond
+  its batches (actors started and each building its session from the model bytes, results
+  sent back) is the fixed cost T(N) - N·b, where b = (T(2N) - T(N)) / N is the cost of a batch in
+  steady state: the speed-up is the ratio of the two engines' b;
+- the driver's peak memory with many small batches (`--many`, default 400, of a tiny model) and
+  with a tenth of them: flat when the driver holds a bounded number of results.
+
+The tables of both engines are compared row for row (they must be equal).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+
+
+def _peak_mb() -> float:
+    with open("/proc/self/status") as f:
+        for line in f:
+            if line.startswith("VmHWM:"):
+                return int(line.split()[1]) / 1024
+    return float("nan")
+
+
+def one(job: dict) -> None:
+    """One measurement in this process; prints a JSON line."""
+    import onnx
+
+    import onnx_opscope
+    from onnx_opscope import zoo
+    from onnx_opscope.run import FeedSpec, RuntimeConfig
+    from onnx_opscope.run.engine import Engine
+
+    folder = Path(job["dir"])
+    model = folder / f"{job['model']}.onnx"
+    if not model.exists():
+        m = (
+            zoo.bert_like(hidden=256, layers=job["layers"], heads=4)
+            if job["model"] == "bert_like"
+            else zoo.mlp()
+        )
+        onnx.save(m, model)
+    runtime = RuntimeConfig(threads=1)
+    feeds = FeedSpec(batches=job["batches"], shapes=job.get("shapes") or {})
+    engine = Engine("ray", workers=job["workers"]) if job["engine"] == "ray" else Engine()
+    setup = 0.0
+    if engine.kind == "ray":
+        import ray
+
+        t = time.perf_counter()
+        ray.init(
+            num_cpus=job["workers"], include_dashboard=False, log_to_driver=False, configure_logging=False
+        )
+        onnx_opscope.record(model, out=folder / f"warm_{job['engine']}.parquet", feeds=FeedSpec(batches=1),
+                            runtime=runtime, engine=engine, parity=False)  # fmt: skip
+        setup = time.perf_counter() - t
+    before = _peak_mb()
+    t = time.perf_counter()
+    res = onnx_opscope.record(model, out=folder / f"{job['tag']}.parquet", feeds=feeds, runtime=runtime,
+                              engine=engine, parity=False, run_id="bench")  # fmt: skip
+    seconds = time.perf_counter() - t
+    print(json.dumps({"seconds": seconds, "setup": setup, "rows": res.rows, "peak_mb": _peak_mb(),
+                      "before_mb": before, "table": str(res.table)}))  # fmt: skip
+
+
+def _run(job: dict) -> dict:
+    proc = subprocess.run([sys.executable, __file__, "--one", json.dumps(job)], capture_output=True, text=True,
+                          timeout=1800, cwd=ROOT)  # fmt: skip
+    if proc.returncode:
+        raise SystemExit(f"{job['tag']} failed: {proc.stderr.strip().splitlines()[-1:]}")
+    return json.loads(proc.stdout.strip().splitlines()[-1])
+
+
+def _median(xs: list[float]) -> str:
+    return f"{statistics.median(xs):.2f} [{min(xs):.2f}–{max(xs):.2f}]"
+
+
+def main(argv: list[str] | None = None) -> int:
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    p.add_argument("--quick", action="store_true", help="smoke run: tiny sizes, 1 round")
+    p.add_argument("--workers", type=int, default=2, help="Ray workers (default 2)")
+    p.add_argument("--batches", type=int, help="batches of the speed rows (default 40, quick 4)")
+    p.add_argument("--many", type=int, help="batches of the memory rows (default 400, quick 20)")
+    p.add_argument("--rounds", type=int, help="rounds (default 3, quick 1)")
+    p.add_argument("--one", help=argparse.SUPPRESS)
+    args = p.parse_args(argv)
+    if args.one:
+        one(json.loads(args.one))
+        return 0
+    rounds = args.rounds or (1 if args.quick else 3)
+    batches = args.batches or (4 if args.quick else 40)
+    many = args.many or (20 if args.quick else 400)
+    layers = 1 if args.quick else 4
+    results: dict[str, list[dict]] = {}
+    with tempfile.TemporaryDirectory(prefix="opscope-bench-ray-") as tmp:
+        jobs = [
+            ("one process, N", {"engine": "local", "model": "bert_like", "batches": batches}),
+            ("one process, 2N", {"engine": "local", "model": "bert_like", "batches": 2 * batches}),
+            ("ray, N", {"engine": "ray", "model": "bert_like", "batches": batches}),
+            ("ray, 2N", {"engine": "ray", "model": "bert_like", "batches": 2 * batches}),
+            (f"ray, mlp, {many // 10} batches", {"engine": "ray", "model": "mlp", "batches": many // 10}),
+            (f"ray, mlp, {many} batches", {"engine": "ray", "model": "mlp", "batches": many}),
+        ]
+        for r in range(rounds):
+            for label, job in jobs:
+                tag = f"{label}-{r}".replace(" ", "_").replace(",", "")
+                job = {**job, "dir": tmp, "layers": layers, "workers": args.workers, "tag": tag}
+                results.setdefault(label, []).append(_run(job))
+                print(
+                    f"[round {r + 1}/{rounds}] {label}: {results[label][-1]['seconds']:.2f} s",
+                    file=sys.stderr,
+                )
+        import pyarrow.parquet as pq
+
+        same = pq.read_table(results["one process, N"][0]["table"]).equals(
+            pq.read_table(results["ray, N"][0]["table"])
+        )
+    load = os.getloadavg()
+    print(f"- bert_like ({layers} layers, hidden 256, batch 4, seq 128), N = {batches} batches; {args.workers} "
+          f"workers; 1 intra-op thread per session; {rounds} round(s); load {load[0]:.1f} at the end")  # fmt: skip
+    print("| row | seconds, median [min–max] | ray.init s | driver peak MB | rows |")
+    print("|---|---:|---:|---:|---:|")
+    for label, rs in results.items():
+        print(f"| {label} | {_median([x['seconds'] for x in rs])} | {_median([x['setup'] for x in rs])} | "
+              f"{_median([x['peak_mb'] for x in rs])} | {rs[0]['rows']} |")  # fmt: skip
+
+    def per_batch(kind: str) -> list[float]:
+        n, n2 = results[f"{kind}, N"], results[f"{kind}, 2N"]
+        return [(b["seconds"] - a["seconds"]) / batches for a, b in zip(n, n2)]
+
+    one_b, ray_b = per_batch("one process"), per_batch("ray")
+    fixed = [a["seconds"] - batches * b for a, b in zip(results["ray, N"], ray_b)]
+    print(
+        f"\nsteady state, ms a batch: one process {_median([x * 1e3 for x in one_b])}, "
+        f"ray {_median([x * 1e3 for x in ray_b])}"
+    )
+    print(f"speed-up of {args.workers} Ray workers over one process: {_median([a / b for a, b in zip(one_b, ray_b)])}x "
+          f"(goal >= 1.8x on 2 cores)")  # fmt: skip
+    print(f"Ray's fixed cost per recording (actors, sessions, results), beyond ray.init: {_median(fixed)} s; "
+          f"Ray pays from about {statistics.median(fixed) / max(1e-9, statistics.median(one_b) - statistics.median(ray_b)):.0f} "
+          "batches of this model")  # fmt: skip
+    print(f"the same rows in the same order: {same}")
+    small, large = (statistics.median(x["peak_mb"] for x in results[k])
+                    for k in (f"ray, mlp, {many // 10} batches", f"ray, mlp, {many} batches"))  # fmt: skip
+    print(
+        f"driver peak MB, {many // 10} -> {many} batches: {small:.0f} -> {large:.0f} ({large - small:+.0f})"
+    )
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
