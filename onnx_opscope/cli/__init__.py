@@ -23,6 +23,7 @@ COMMANDS = [
     "calibrate",
     "analyze",
     "weights",
+    "zoo",
     "mine",
     "report",
     "rewrite",
