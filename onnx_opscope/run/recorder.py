@@ -23,6 +23,7 @@ from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import asdict, dataclass, field
 from datetime import datetime, timezone
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 from onnx import ModelProto
@@ -99,33 +100,69 @@ class BatchPipeline:
             self._pool.shutdown(wait=True)
 
 
-class _Sink:
-    """Decodes each batch's outputs into rows and appends them to the table, keeping the sidecars in
-    step. State is real: the writer, the counts, the first batch's GEMM dims and the run's record."""
+@dataclass(frozen=True)
+class Decoded:
+    """One batch as rows: its table part, row count and (at step 0) the GEMM dims of its sites."""
 
-    def __init__(self, writer: TableWriter, manifest: Manifest, host: HostValues, labels: tuple[str, str, str],
+    table: Any
+    rows: int
+    site_dims: dict[str, tuple] | None
+
+
+@dataclass(frozen=True)
+class BatchDecoder:
+    """Turns one batch's tap outputs into its table part: on the pipeline's thread here, or on the
+    Ray worker that ran the batch (`DecodeOnWorker`), so the driver only writes."""
+
+    manifest: Manifest
+    host: HostValues
+    labels: tuple[str, str, str]
+
+    def __call__(self, step: int, outputs: dict[str, np.ndarray]) -> Decoded:
+        rows = decode(self.manifest, outputs, self.host)
+        run_id, provider, dist = self.labels
+        table = batch_table(rows, run_id, step, provider, dist)
+        return Decoded(table, len(rows), _site_dims(rows) if step == 0 else None)
+
+
+@dataclass(frozen=True)
+class DecodeOnWorker:
+    """A Ray worker's `post`: the batch decoded where it ran, plus the model's own outputs at step 0
+    when the parity gate needs them."""
+
+    decoder: BatchDecoder
+    originals: list[str]
+
+    def __call__(self, step: int, outputs: dict[str, np.ndarray]) -> tuple[Decoded, dict[str, np.ndarray]]:
+        plain = {n: outputs[n] for n in self.originals} if step == 0 else {}
+        return self.decoder(step, outputs), plain
+
+
+class _Sink:
+    """Appends each batch's rows to the table (decoding them first unless a worker did), keeping the
+    sidecars in step. State is real: the writer, the counts, the first batch's GEMM dims and the run's record."""
+
+    def __init__(self, writer: TableWriter, decoder: BatchDecoder,
                  progress: Callable[[int, int | None], None] | None, total: int | None, meta: dict,
                  started: float):  # fmt: skip
-        self.writer, self.manifest, self.host, self.labels = writer, manifest, host, labels
+        self.writer, self.decoder, self.manifest = writer, decoder, decoder.manifest
         self.progress, self.total, self.meta, self.started = progress, total, meta, started
         self.rows = self.steps = 0
         self.site_dims: dict[str, tuple] = {}
         self.saved = started  # when run.json was last written
 
-    def __call__(self, step: int, outputs: dict[str, np.ndarray]) -> None:  # on the pipeline's thread
-        rows = decode(self.manifest, outputs, self.host)
-        run_id, provider, dist = self.labels
-        table = batch_table(rows, run_id, step, provider, dist)
+    def __call__(self, step: int, batch: dict[str, np.ndarray] | Decoded) -> None:  # on the pipeline's thread
+        done = batch if isinstance(batch, Decoded) else self.decoder(step, batch)
         sites_path, run_path = sidecar_paths(self.writer.out)
         if step == 0:  # the commit: the table and its sidecars replace the earlier ones together
-            self.site_dims = _site_dims(rows)
+            self.site_dims = done.site_dims or {}
             with atomic_path(sites_path) as sites_tmp, atomic_path(run_path) as run_tmp:
                 write_sites(sites_tmp, self.manifest, self.site_dims)
-                run_tmp.write_text(self.run_json(1, len(rows), interrupted=True))
-                self.writer.write(table)
+                run_tmp.write_text(self.run_json(1, done.rows, interrupted=True))
+                self.writer.write(done.table)
         else:
-            self.writer.write(table)
-        self.rows += len(rows)
+            self.writer.write(done.table)
+        self.rows += done.rows
         self.steps += 1
         if time.perf_counter() - self.saved > RUN_JSON_EVERY:
             write_text(run_path, self.run_json(self.steps, self.rows, interrupted=True))
@@ -212,18 +249,26 @@ def record(
         "placement": manifest.placement, "parity": None, "table": out.name,
         "left_out": manifest.left_out,
     }  # fmt: skip
-    sink = _Sink(TableWriter(out, fmt), manifest, host, labels, progress, total, meta, started)
+    decoder = BatchDecoder(manifest, host, labels)
+    sink = _Sink(TableWriter(out, fmt), decoder, progress, total, meta, started)
     pipeline = BatchPipeline(sink)
     gate, complete = None, False
     first: list = []  # batch 0, for the plain model's parity run
     try:
         kept = _remember_first(batches, first)
-        post = TapsOnly(want_taps, keep_all_at_step0=parity)
-        for step, outputs in run_batches(engine, model_bytes, factory, kept, want, post):
+        originals = manifest.original_outputs if parity else []
+        # locally the pipeline's thread decodes while the next batch runs; on Ray the workers decode
+        post = (
+            TapsOnly(want_taps, bool(originals))
+            if engine.kind == "local"
+            else DecodeOnWorker(decoder, originals)
+        )
+        for step, got in run_batches(engine, model_bytes, factory, kept, want, post):
+            batch, plain = (got, got) if engine.kind == "local" else got
             if parity and step == 0:
-                gate = _parity_gate(model, runtime, base_dir, first[0], manifest, outputs, tol)
+                gate = _parity_gate(model, runtime, base_dir, first[0], manifest, plain, tol)
                 meta["parity"] = asdict(gate)
-            pipeline.submit(step, {name: outputs[name] for name in want_taps})
+            pipeline.submit(step, batch if isinstance(batch, Decoded) else {n: batch[n] for n in want_taps})
         pipeline.close()
         complete = True
     except KeyboardInterrupt:
@@ -243,7 +288,7 @@ def record(
 
 @dataclass(frozen=True)
 class TapsOnly:
-    """What a batch sends back: the tap outputs, and at step 0 (for the parity gate) the model's own."""
+    """A local batch's `post`: the tap outputs, and at step 0 (for the parity gate) the model's own."""
 
     taps: list[str]
     keep_all_at_step0: bool
