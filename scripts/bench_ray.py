@@ -4,12 +4,13 @@
     python scripts/bench_ray.py --quick         # smoke run: its figures mean nothing
 
 Rows, each in a fresh process, 3 rounds interleaved (median [min-max]):
-- one process, 1 intra-op thread: `record(...)` as the CLI runs it, at N and 2N batches;
-- Ray, `--workers` actors of 1 thread each on a local cluster started in that process, at N and
-  2N batches. Ray's own start-up (`ray.init`) is timed apart; what is left of a recording beyond
-  its batches (actors started and each building its session from the model bytes, results
-  sent back) is the fixed cost T(N) - N·b, where b = (T(2N) - T(N)) / N is the cost of a batch in
-  steady state: the speed-up is the ratio of the two engines' b;
+- one process, 1 intra-op thread: `record(...)` as the CLI runs it, N batches;
+- Ray, `--workers` actors of 1 thread each on a local cluster started in that process, N batches.
+  Ray's own start-up (`ray.init`) is timed apart. The steady-state cost of a batch, b, is the time
+  between the 10th written batch and the last over the batches between (from `record`'s progress
+  calls); what is left of a recording beyond N·b (actors started, each building its session
+  from the model bytes; Ray worker processes started when its pool has none idle) is the fixed
+  cost. The speed-up is the ratio of the two engines' b;
 - the driver's peak memory with many small batches (`--many`, default 400, of a tiny model) and
   with a tenth of them: flat when the driver holds a bounded number of results.
 
@@ -72,12 +73,16 @@ def one(job: dict) -> None:
                             runtime=runtime, engine=engine, parity=False)  # fmt: skip
         setup = time.perf_counter() - t
     before = _peak_mb()
+    done: list[float] = []
     t = time.perf_counter()
     res = onnx_opscope.record(model, out=folder / f"{job['tag']}.parquet", feeds=feeds, runtime=runtime,
-                              engine=engine, parity=False, run_id="bench")  # fmt: skip
+                              engine=engine, parity=False, run_id="bench",
+                              progress=lambda k, total: done.append(time.perf_counter()))  # fmt: skip
     seconds = time.perf_counter() - t
-    print(json.dumps({"seconds": seconds, "setup": setup, "rows": res.rows, "peak_mb": _peak_mb(),
-                      "before_mb": before, "table": str(res.table)}))  # fmt: skip
+    skip = min(10, len(done) - 2)
+    steady = (done[-1] - done[skip - 1]) / (len(done) - skip) if skip > 0 else float("nan")
+    print(json.dumps({"seconds": seconds, "setup": setup, "steady": steady, "rows": res.rows,
+                      "peak_mb": _peak_mb(), "before_mb": before, "table": str(res.table)}))  # fmt: skip
 
 
 def _run(job: dict) -> dict:
@@ -96,7 +101,7 @@ def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--quick", action="store_true", help="smoke run: tiny sizes, 1 round")
     p.add_argument("--workers", type=int, default=2, help="Ray workers (default 2)")
-    p.add_argument("--batches", type=int, help="batches of the speed rows (default 40, quick 4)")
+    p.add_argument("--batches", type=int, help="batches of the speed rows (default 80, quick 14)")
     p.add_argument("--many", type=int, help="batches of the memory rows (default 400, quick 20)")
     p.add_argument("--rounds", type=int, help="rounds (default 3, quick 1)")
     p.add_argument("--one", help=argparse.SUPPRESS)
@@ -105,16 +110,14 @@ def main(argv: list[str] | None = None) -> int:
         one(json.loads(args.one))
         return 0
     rounds = args.rounds or (1 if args.quick else 3)
-    batches = args.batches or (4 if args.quick else 40)
+    batches = args.batches or (14 if args.quick else 80)
     many = args.many or (20 if args.quick else 400)
     layers = 1 if args.quick else 4
     results: dict[str, list[dict]] = {}
     with tempfile.TemporaryDirectory(prefix="opscope-bench-ray-") as tmp:
         jobs = [
-            ("one process, N", {"engine": "local", "model": "bert_like", "batches": batches}),
-            ("one process, 2N", {"engine": "local", "model": "bert_like", "batches": 2 * batches}),
-            ("ray, N", {"engine": "ray", "model": "bert_like", "batches": batches}),
-            ("ray, 2N", {"engine": "ray", "model": "bert_like", "batches": 2 * batches}),
+            ("one process", {"engine": "local", "model": "bert_like", "batches": batches}),
+            ("ray", {"engine": "ray", "model": "bert_like", "batches": batches}),
             (f"ray, mlp, {many // 10} batches", {"engine": "ray", "model": "mlp", "batches": many // 10}),
             (f"ray, mlp, {many} batches", {"engine": "ray", "model": "mlp", "batches": many}),
         ]
@@ -129,33 +132,35 @@ def main(argv: list[str] | None = None) -> int:
                 )
         import pyarrow.parquet as pq
 
-        same = pq.read_table(results["one process, N"][0]["table"]).equals(
-            pq.read_table(results["ray, N"][0]["table"])
+        same = pq.read_table(results["one process"][0]["table"]).equals(
+            pq.read_table(results["ray"][0]["table"])
         )
     load = os.getloadavg()
     print(f"- bert_like ({layers} layers, hidden 256, batch 4, seq 128), N = {batches} batches; {args.workers} "
           f"workers; 1 intra-op thread per session; {rounds} round(s); load {load[0]:.1f} at the end")  # fmt: skip
-    print("| row | seconds, median [min–max] | ray.init s | driver peak MB | rows |")
-    print("|---|---:|---:|---:|---:|")
+    print("| row | seconds, median [min–max] | steady ms / batch | ray.init s | driver peak MB | rows |")
+    print("|---|---:|---:|---:|---:|---:|")
     for label, rs in results.items():
-        print(f"| {label} | {_median([x['seconds'] for x in rs])} | {_median([x['setup'] for x in rs])} | "
-              f"{_median([x['peak_mb'] for x in rs])} | {rs[0]['rows']} |")  # fmt: skip
+        print(f"| {label} | {_median([x['seconds'] for x in rs])} | {_median([x['steady'] * 1e3 for x in rs])} | "
+              f"{_median([x['setup'] for x in rs])} | {_median([x['peak_mb'] for x in rs])} | {rs[0]['rows']} |")  # fmt: skip
 
-    def per_batch(kind: str) -> list[float]:
-        n, n2 = results[f"{kind}, N"], results[f"{kind}, 2N"]
-        return [(b["seconds"] - a["seconds"]) / batches for a, b in zip(n, n2)]
-
-    one_b, ray_b = per_batch("one process"), per_batch("ray")
-    fixed = [a["seconds"] - batches * b for a, b in zip(results["ray, N"], ray_b)]
+    one_b = [x["steady"] for x in results["one process"]]
+    ray_b = [x["steady"] for x in results["ray"]]
+    fixed = [a["seconds"] - batches * b for a, b in zip(results["ray"], ray_b)]
     print(
         f"\nsteady state, ms a batch: one process {_median([x * 1e3 for x in one_b])}, "
         f"ray {_median([x * 1e3 for x in ray_b])}"
     )
     print(f"speed-up of {args.workers} Ray workers over one process: {_median([a / b for a, b in zip(one_b, ray_b)])}x "
           f"(goal >= 1.8x on 2 cores)")  # fmt: skip
+    gain = statistics.median(one_b) - statistics.median(ray_b)
+    pays = (
+        f"from about {statistics.median(fixed) / gain:.0f} batches of this model"
+        if gain > 0
+        else "never here"
+    )
     print(f"Ray's fixed cost per recording (actors, sessions, results), beyond ray.init: {_median(fixed)} s; "
-          f"Ray pays from about {statistics.median(fixed) / max(1e-9, statistics.median(one_b) - statistics.median(ray_b)):.0f} "
-          "batches of this model")  # fmt: skip
+          f"Ray pays {pays} (per batch it is {'faster' if gain > 0 else 'slower'})")  # fmt: skip
     print(f"the same rows in the same order: {same}")
     small, large = (statistics.median(x["peak_mb"] for x in results[k])
                     for k in (f"ray, mlp, {many // 10} batches", f"ray, mlp, {many} batches"))  # fmt: skip

@@ -64,11 +64,13 @@ def test_calibrate_quick_run_prints_every_row():
 
 
 def test_weights_and_counting_quick_runs():
-    """scripts/bench_weights.py --quick (probes of a tiled model with external data) and
-    scripts/bench_counting.py on a small tensor print their tables."""
+    """scripts/bench_weights.py --quick (probes of a tiled model with external data),
+    scripts/bench_counting.py on a small tensor and scripts/bench_ray.py --quick (a local Ray
+    instance per row) print their tables; the Ray rows must equal the single-process ones."""
     for script, args, expect in [
         ("bench_weights.py", ["--quick"], ["| probe_weights |", "largest tensor"]),
         ("bench_counting.py", ["--elements", "20000", "--runs", "2", "--bins", "64"], ["np.histogram", "host np.bincount"]),
+        ("bench_ray.py", ["--quick"], ["speed-up of 2 Ray workers", "the same rows in the same order: True"]),
     ]:  # fmt: skip
         proc = subprocess.run([sys.executable, str(ROOT / "scripts" / script), *args], capture_output=True,
                               text=True, timeout=300, cwd=ROOT)  # fmt: skip
