@@ -59,7 +59,7 @@ def one(job: dict) -> None:
         )
         onnx.save(m, model)
     runtime = RuntimeConfig(threads=1)
-    feeds = FeedSpec(batches=job["batches"], shapes=job.get("shapes") or {})
+    feeds = FeedSpec(batches=job["batches"], dims=job.get("dims") or {})
     engine = Engine("ray", workers=job["workers"]) if job["engine"] == "ray" else Engine()
     setup = 0.0
     if engine.kind == "ray":
@@ -104,6 +104,8 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--batches", type=int, help="batches of the speed rows (default 80, quick 14)")
     p.add_argument("--many", type=int, help="batches of the memory rows (default 400, quick 20)")
     p.add_argument("--rounds", type=int, help="rounds (default 3, quick 1)")
+    p.add_argument("--batch", type=int, default=16,
+                   help="bert_like's batch size (default 16: compute-bound; the rows a batch does not grow with it)")  # fmt: skip
     p.add_argument("--one", help=argparse.SUPPRESS)
     args = p.parse_args(argv)
     if args.one:
@@ -113,11 +115,12 @@ def main(argv: list[str] | None = None) -> int:
     batches = args.batches or (14 if args.quick else 80)
     many = args.many or (20 if args.quick else 400)
     layers = 1 if args.quick else 4
+    dims = {"batch": args.batch, "seq": 128}
     results: dict[str, list[dict]] = {}
     with tempfile.TemporaryDirectory(prefix="opscope-bench-ray-") as tmp:
         jobs = [
-            ("one process", {"engine": "local", "model": "bert_like", "batches": batches}),
-            ("ray", {"engine": "ray", "model": "bert_like", "batches": batches}),
+            ("one process", {"engine": "local", "model": "bert_like", "batches": batches, "dims": dims}),
+            ("ray", {"engine": "ray", "model": "bert_like", "batches": batches, "dims": dims}),
             (f"ray, mlp, {many // 10} batches", {"engine": "ray", "model": "mlp", "batches": many // 10}),
             (f"ray, mlp, {many} batches", {"engine": "ray", "model": "mlp", "batches": many}),
         ]
@@ -136,7 +139,7 @@ def main(argv: list[str] | None = None) -> int:
             pq.read_table(results["ray"][0]["table"])
         )
     load = os.getloadavg()
-    print(f"- bert_like ({layers} layers, hidden 256, batch 4, seq 128), N = {batches} batches; {args.workers} "
+    print(f"- bert_like ({layers} layers, hidden 256, batch {args.batch}, seq 128), N = {batches} batches; {args.workers} "
           f"workers; 1 intra-op thread per session; {rounds} round(s); load {load[0]:.1f} at the end")  # fmt: skip
     print("| row | seconds, median [min–max] | steady ms / batch | ray.init s | driver peak MB | rows |")
     print("|---|---:|---:|---:|---:|---:|")
