@@ -179,7 +179,8 @@ def test_cli_exit_codes_and_table(zoo: Path, tmp_path: Path, monkeypatch, capsys
 
 @pytest.fixture
 def ray_cluster():
-    ray = pytest.importorskip("ray")
+    import ray  # in the test extra: missing, it fails here
+
     ray.init(num_cpus=2, include_dashboard=False, log_to_driver=False, configure_logging=False)
     try:
         yield ray
