@@ -352,3 +352,24 @@ def test_take_weights_moves_embedded_weights_into_the_session():
     moved = {t.name: t for t in model.graph.initializer}
     assert all(not moved[n].raw_data and moved[n].data_location == TensorProto.EXTERNAL for n in big)
     assert any(t.raw_data for t in model.graph.initializer)  # small constants stay embedded
+
+
+def test_a_weightless_copy_borrows_its_sources_weights():
+    """make_session(without_weight_data(m), weights_from=m): the same outputs as m's own session, and m
+    keeps every byte (the calibration passes tap a weightless copy instead of a deep one)."""
+    import onnx
+
+    from onnx_opscope.graph.io import without_weight_data
+    from onnx_opscope.run.feeds import FeedSpec, iter_feeds
+
+    path = real_model_path("captcha_crnn")
+    source = onnx.load(path)
+    before = sum(len(t.raw_data) for t in source.graph.initializer)
+    light = without_weight_data(source)
+    assert sum(len(t.raw_data) for t in light.graph.initializer) < before // 10
+    borrowed = make_session(light, RuntimeConfig(graph_opt="disable"), weights_from=source)
+    own = make_session(path, RuntimeConfig(graph_opt="disable"))
+    feed = next(iter(iter_feeds(path, FeedSpec(batches=1))))
+    for a, b in zip(own.run(None, feed), borrowed.run(None, feed)):
+        np.testing.assert_array_equal(a, b)
+    assert sum(len(t.raw_data) for t in source.graph.initializer) == before

@@ -62,7 +62,7 @@ from onnx import ModelProto, TensorProto, ValueInfoProto
 from ..errors import OpscopeError
 from ..graph import Builder, ModelIndex, load_model, opset_version
 from ..graph.expose import expose
-from ..graph.io import ModelLike
+from ..graph.io import ModelLike, without_weight_data
 from ..graph.opset import has_op, scatter_add_available
 from ..run.engine import Engine, run_batches, sessions_for
 from ..run.session import CPU, RuntimeConfig, for_tapped, resolve_providers
@@ -309,13 +309,13 @@ def histogram_pass(
     """
     if base_dir is None and not isinstance(model, ModelProto):
         base_dir = Path(model).parent
-    tapped = ModelProto()
-    tapped.CopyFrom(load_model(model))
+    source = load_model(model)
+    tapped = without_weight_data(source)  # the weights stay in `source`; the session borrows them
     runtime = runtime or RuntimeConfig()
     cpu_only = resolve_providers(runtime.providers, runtime.fallback) == [CPU]
     taps = add_histogram_taps(tapped, ranges, bins, mode, host_counts=cpu_only)
     engine = engine or Engine()
-    data, factory = sessions_for(engine, tapped, for_tapped(runtime), base_dir)
+    data, factory = sessions_for(engine, tapped, for_tapped(runtime), base_dir, weights_from=source)
     outputs = [tap.counts for tap in taps]
     acc = {tap.name: np.zeros(bins + 2, np.int64) for tap in taps}
     for _, counts in run_batches(engine, data, factory, feeds, outputs, BatchCounts(taps, bins)):

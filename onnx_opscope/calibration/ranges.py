@@ -15,7 +15,6 @@ fixed-range histograms over pass 1's ranges (`histograms`) and turn them into ra
 
 from __future__ import annotations
 
-import copy
 import os
 import time
 from collections.abc import Callable, Iterable, Iterator, Mapping
@@ -28,7 +27,7 @@ from onnx import ModelProto
 
 from ..errors import OpscopeError, did_you_mean
 from ..graph import load_model
-from ..graph.io import ModelLike
+from ..graph.io import ModelLike, without_weight_data
 from ..run import FeedSpec, RuntimeConfig, iter_feeds
 from ..run.engine import Engine, InOrder, run_batches, sessions_for
 from ..run.feeds import DEFAULT_BATCHES
@@ -239,9 +238,9 @@ def _minmax_pass(
     engine: Engine,
 ) -> tuple[dict[str, tuple[np.floating, np.floating]], int]:
     """Run every batch once through the min/max-tapped model; the running min / max per tensor."""
-    tapped = copy.deepcopy(source)
+    tapped = without_weight_data(source)  # the weights stay in `source`; the session borrows them
     taps = add_minmax_taps(tapped, tensors)
-    data, factory = sessions_for(engine, tapped, runtime, base_dir)
+    data, factory = sessions_for(engine, tapped, runtime, base_dir, weights_from=source)
     names = [n for tap in taps for n in (tap.min_output, tap.max_output)]
     total = _total(feeds)
     acc: dict[str, list] = {}

@@ -106,17 +106,35 @@ def session_from_bytes(model_bytes: bytes, *, config: Any, base_dir: str | os.Pa
 
 
 def sessions_for(
-    engine: Engine, model: ModelProto, config: Any, base_dir: str | os.PathLike | None
+    engine: Engine,
+    model: ModelProto,
+    config: Any,
+    base_dir: str | os.PathLike | None,
+    weights_from: ModelProto | None = None,
 ) -> tuple[bytes | None, Callable[[bytes | None], Any]]:
     """(model bytes, session factory) for `run_batches`: locally one session built now (the proto's
-    weights moved into it: `model` is left without them), on Ray the bytes each worker builds from."""
+    weights moved into it, or lent from `weights_from` when `model` is its weightless copy), on Ray
+    the bytes each worker builds from (the weights put back in first)."""
     if engine.kind == "local":
         from .session import make_session
 
-        session = make_session(model, config, base_dir=base_dir, take_weights=True)
+        session = make_session(model, config, base_dir=base_dir, take_weights=True, weights_from=weights_from)
         return None, lambda _: session
     ensure_ray(engine)  # before any work: a missing extra or an unreachable cluster is one line now
+    if weights_from is not None:
+        model = _with_weights(model, weights_from)
     return serialized_for_workers(model), partial(session_from_bytes, config=config, base_dir=base_dir)
+
+
+def _with_weights(model: ModelProto, source: ModelProto) -> ModelProto:
+    """A copy of the weightless `model` with `source`'s main-graph initializers put back."""
+    full = ModelProto()
+    full.CopyFrom(model)
+    weights = {t.name: t for t in source.graph.initializer}
+    for t in full.graph.initializer:
+        if not t.raw_data and t.name in weights:
+            t.CopyFrom(weights[t.name])
+    return full
 
 
 def worker_count(engine: Engine) -> int:

@@ -13,6 +13,7 @@ from __future__ import annotations
 import dataclasses
 import os
 import re
+import sys
 import tempfile
 import warnings
 from collections.abc import Mapping, Sequence
@@ -22,7 +23,7 @@ from typing import Any
 
 import numpy as np
 import onnxruntime as ort
-from onnx import ModelProto, TensorProto, numpy_helper
+from onnx import ModelProto, TensorProto, helper, numpy_helper
 
 from ..errors import OpscopeError, did_you_mean, listing
 from ..graph.io import ModelLike, check_external_data, external_files, load_model, save_model
@@ -244,6 +245,7 @@ def make_session(
     *,
     base_dir: str | os.PathLike | None = None,
     take_weights: bool = False,
+    weights_from: ModelProto | None = None,
 ) -> ort.InferenceSession:
     """An InferenceSession for `model` (a path, or a ModelProto) on `config`'s providers.
 
@@ -251,6 +253,10 @@ def make_session(
     graph are handed to onnxruntime as arrays instead of inside the serialized model, and the
     proto is left without their bytes (marked external, see `_move_weights`): one copy of the
     weights less at session creation. For a caller that no longer needs them (`record`).
+    `weights_from`: `model` is a `graph.io.without_weight_data` copy of this proto (plus nodes of
+    its own); the stubbed initializers are handed to onnxruntime as views of this proto's bytes,
+    so the weights exist twice at peak (here and in onnxruntime), not four times as a deep copy
+    with `take_weights` makes them (`calibration`'s passes).
 
     A path is handed to onnxruntime as is (it finds external data beside the file). A
     ModelProto is passed as bytes; when it refers to external data, `base_dir` (the folder
@@ -265,7 +271,10 @@ def make_session(
     so = config.session_options()
     if isinstance(model, ModelProto):
         # onnxruntime copies the moved arrays while it loads the model: they must live until then
-        moved = _move_weights(model, so) if take_weights and not external_files(model) else []
+        if weights_from is not None:
+            moved = _lend_weights(model, weights_from, so)
+        else:
+            moved = _move_weights(model, so) if take_weights and not external_files(model) else []
         session = _session_from_proto(model, so, providers, base_dir)
         del moved
     else:
@@ -302,6 +311,34 @@ def _move_weights(model: ModelProto, so: ort.SessionOptions, min_bytes: int = 64
     if names:
         so.add_external_initializers(names, values)
     return values
+
+
+def _lend_weights(model: ModelProto, source: ModelProto, so: ort.SessionOptions) -> list:
+    """`_move_weights` for a stubbed copy: each initializer of `model` without bytes whose namesake in
+    `source`'s main graph has them goes to onnxruntime as a zero-copy view of those bytes."""
+    stubs = {t.name: t for t in model.graph.initializer if not t.raw_data and t.data_location != TensorProto.EXTERNAL
+             and not _has_typed_data(t)}  # fmt: skip
+    names, values = [], []
+    for t in source.graph.initializer:
+        stub = stubs.get(t.name)
+        if stub is None or not t.raw_data or sys.byteorder != "little":
+            continue
+        dtype = np.dtype(helper.tensor_dtype_to_np_dtype(t.data_type))
+        view = np.frombuffer(t.raw_data, dtype=dtype).reshape(tuple(t.dims))
+        values.append(ort.OrtValue.ortvalue_from_numpy(view))
+        names.append(t.name)
+        stub.data_location = TensorProto.EXTERNAL
+        for key, value in (("location", _MOVED_LOCATION), ("offset", "0"), ("length", str(view.nbytes))):
+            entry = stub.external_data.add()
+            entry.key, entry.value = key, value
+    if names:
+        so.add_external_initializers(names, values)
+    return values
+
+
+def _has_typed_data(t: TensorProto) -> bool:
+    return any(len(getattr(t, f)) for f in ("float_data", "int32_data", "int64_data", "double_data", "uint64_data",
+                                            "string_data"))  # fmt: skip
 
 
 def _session_from_proto(
