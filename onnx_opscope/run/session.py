@@ -301,16 +301,21 @@ def _move_weights(model: ModelProto, so: ort.SessionOptions, min_bytes: int = 64
         if t.data_location == TensorProto.EXTERNAL or len(t.raw_data) < min_bytes:
             continue
         array = numpy_helper.to_array(t)
-        values.append(ort.OrtValue.ortvalue_from_numpy(array))
-        names.append(t.name)
         t.ClearField("raw_data")
-        t.data_location = TensorProto.EXTERNAL
-        for key, value in (("location", _MOVED_LOCATION), ("offset", "0"), ("length", str(array.nbytes))):
-            entry = t.external_data.add()
-            entry.key, entry.value = key, value
+        _hand_over(t, array, names, values)
     if names:
         so.add_external_initializers(names, values)
     return values
+
+
+def _hand_over(t: TensorProto, array: np.ndarray, names: list, values: list) -> None:
+    """Queue `array` as initializer `t` for onnxruntime, and mark `t` external at the placeholder location."""
+    values.append(ort.OrtValue.ortvalue_from_numpy(array))
+    names.append(t.name)
+    t.data_location = TensorProto.EXTERNAL
+    for key, value in (("location", _MOVED_LOCATION), ("offset", "0"), ("length", str(array.nbytes))):
+        entry = t.external_data.add()
+        entry.key, entry.value = key, value
 
 
 def _lend_weights(model: ModelProto, source: ModelProto, so: ort.SessionOptions) -> list:
@@ -324,13 +329,7 @@ def _lend_weights(model: ModelProto, source: ModelProto, so: ort.SessionOptions)
         if stub is None or not t.raw_data or sys.byteorder != "little":
             continue
         dtype = np.dtype(helper.tensor_dtype_to_np_dtype(t.data_type))
-        view = np.frombuffer(t.raw_data, dtype=dtype).reshape(tuple(t.dims))
-        values.append(ort.OrtValue.ortvalue_from_numpy(view))
-        names.append(t.name)
-        stub.data_location = TensorProto.EXTERNAL
-        for key, value in (("location", _MOVED_LOCATION), ("offset", "0"), ("length", str(view.nbytes))):
-            entry = stub.external_data.add()
-            entry.key, entry.value = key, value
+        _hand_over(stub, np.frombuffer(t.raw_data, dtype=dtype).reshape(tuple(t.dims)), names, values)
     if names:
         so.add_external_initializers(names, values)
     return values
