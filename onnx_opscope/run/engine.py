@@ -26,7 +26,7 @@ from typing import Any
 import numpy as np
 from onnx import ModelProto
 
-from ..errors import OpscopeError
+from ..errors import OpscopeError, did_you_mean
 
 ENGINES = ("local", "ray")
 _PROTO_LIMIT = 2**31 - 1
@@ -45,8 +45,6 @@ class Engine:
 
     def __post_init__(self) -> None:
         if self.kind not in ENGINES:
-            from ..errors import did_you_mean
-
             raise OpscopeError(
                 f"unknown engine {self.kind!r}{did_you_mean(self.kind, ENGINES)}; choose one of: {', '.join(ENGINES)}"
             )
@@ -211,7 +209,6 @@ class _Worker:
     """One Ray actor: a session of the model, built once; state is real (the session)."""
 
     def __init__(self, model_bytes: bytes | None, session_factory, want: list[str], post: Post):
-        os.environ.setdefault("OMP_NUM_THREADS", "1")
         self.session = session_factory(model_bytes)
         self.want, self.post = want, post
 
