@@ -92,14 +92,20 @@ def arrow_float64(values: np.ndarray) -> pa.Array:
 
 
 def arrow_strings(labels: list[str], codes: np.ndarray) -> pa.Array:
-    """A string column whose row i is labels[codes[i]]."""
+    """A string column whose row i is labels[codes[i]], its bytes gathered by numpy (a Python join over
+    the rows was half of decoding a batch: on a Ray worker that is time the session does not run)."""
     enc = [lab.encode() for lab in labels]
-    lengths = np.array([len(e) for e in enc], np.int64)[codes]
+    sizes = np.array([len(e) for e in enc], np.int64)
+    lengths = sizes[codes]
     offsets = np.zeros(len(codes) + 1, np.int64)
     np.cumsum(lengths, out=offsets[1:])
     if offsets[-1] >= 2**31:
         raise ValueError("string column over 2 GiB")
-    data = b"".join(enc[c] for c in codes.tolist())
+    pool = np.frombuffer(b"".join(enc), np.uint8)
+    label_start = np.cumsum(sizes) - sizes
+    # byte j of row i is pool[label_start[codes[i]] + j]: one gather over every byte of the column
+    shift = np.repeat(label_start[codes] - offsets[:-1], lengths)
+    data = pool[np.arange(offsets[-1], dtype=np.int64) + shift] if len(pool) else np.zeros(0, np.uint8)
     return pa.Array.from_buffers(
         pa.string(), len(codes), [None, pa.py_buffer(offsets.astype(np.int32)), pa.py_buffer(data)]
     )

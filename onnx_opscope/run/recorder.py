@@ -23,7 +23,6 @@ from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import asdict, dataclass, field
 from datetime import datetime, timezone
 from pathlib import Path
-from typing import Any
 
 import numpy as np
 from onnx import ModelProto
@@ -39,7 +38,15 @@ from .engine import Engine, run_batches, sessions_for
 from .feeds import DEFAULT_BATCHES, FeedSpec, describe_feeds, iter_feeds
 from .kernels import checked_sites
 from .session import RuntimeConfig, for_tapped, make_session, resolve_providers, run
-from .table import TableWriter, batch_table, format_of, is_table_folder, sidecar_paths, write_sites
+from .table import (
+    TableWriter,
+    batch_table,
+    encode_part,
+    format_of,
+    is_table_folder,
+    sidecar_paths,
+    write_sites,
+)
 
 RUN_JSON_EVERY = 1.0
 """Seconds between rewrites of a running record's run.json: each costs ~2 ms on ext4, which flushes a
@@ -102,27 +109,31 @@ class BatchPipeline:
 
 @dataclass(frozen=True)
 class Decoded:
-    """One batch as rows: its table part, row count and (at step 0) the GEMM dims of its sites."""
+    """One batch as rows: its table part (encoded, `table.encode_part`), row count and (at step 0)
+    the GEMM dims of its sites."""
 
-    table: Any
+    part: bytes
     rows: int
     site_dims: dict[str, tuple] | None
 
 
 @dataclass(frozen=True)
 class BatchDecoder:
-    """Turns one batch's tap outputs into its table part: on the pipeline's thread here, or on the
-    Ray worker that ran the batch (`DecodeOnWorker`), so the driver only writes."""
+    """Turns one batch's tap outputs into its table part, encoded in the table's format `fmt`: on the
+    pipeline's thread here, or on the Ray worker that ran the batch (`DecodeOnWorker`), so the driver
+    only writes bytes."""
 
     manifest: Manifest
     host: HostValues
     labels: tuple[str, str, str]
+    fmt: str
 
     def __call__(self, step: int, outputs: dict[str, np.ndarray]) -> Decoded:
         rows = decode(self.manifest, outputs, self.host)
         run_id, provider, dist = self.labels
         table = batch_table(rows, run_id, step, provider, dist)
-        return Decoded(table, len(rows), _site_dims(rows) if step == 0 else None)
+        part = encode_part(table, self.fmt, first=step == 0)
+        return Decoded(part, len(rows), _site_dims(rows) if step == 0 else None)
 
 
 @dataclass(frozen=True)
@@ -159,9 +170,9 @@ class _Sink:
             with atomic_path(sites_path) as sites_tmp, atomic_path(run_path) as run_tmp:
                 write_sites(sites_tmp, self.manifest, self.site_dims)
                 run_tmp.write_text(self.run_json(1, done.rows, interrupted=True))
-                self.writer.write(done.table)
+                self.writer.write(done.part)
         else:
-            self.writer.write(done.table)
+            self.writer.write(done.part)
         self.rows += done.rows
         self.steps += 1
         if time.perf_counter() - self.saved > RUN_JSON_EVERY:
@@ -249,7 +260,7 @@ def record(
         "placement": manifest.placement, "parity": None, "table": out.name,
         "left_out": manifest.left_out,
     }  # fmt: skip
-    decoder = BatchDecoder(manifest, host, labels)
+    decoder = BatchDecoder(manifest, host, labels, fmt)
     sink = _Sink(TableWriter(out, fmt), decoder, progress, total, meta, started)
     pipeline = BatchPipeline(sink)
     gate, complete = None, False
