@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import math
+from dataclasses import replace
 
 import numpy as np
 import pyarrow as pa
@@ -236,8 +237,30 @@ def table_of(
 
 
 def one(steps: list[dict], cfg: MineConfig | None = None, **kw):
-    (f,) = mine(table_of(steps, **kw), config=cfg)
+    """The one finding of a hand-built table. These tables hold 100 elements, under the default
+    `numel_min`: the size guard is lowered here and tested on its own (`test_size_guards`)."""
+    (f,) = mine(table_of(steps, **kw), config=small_ok(cfg))
     return f
+
+
+def small_ok(cfg: MineConfig | None = None) -> MineConfig:
+    return replace(cfg or MineConfig(), numel_min=min((cfg or MineConfig()).numel_min, 64))
+
+
+def test_size_guards():
+    """Below numel_min only NaN/Inf fire; too few channels, rows or counted elements per bin block their rule."""
+    strict = MineConfig()  # numel_min 256 > the tables' 100 elements
+    (small,) = mine(table_of([{"nnz": [10.0]}]), config=strict)
+    assert small.rule == "small" and small.temporal is None and not small.actionable
+    (nan,) = mine(table_of([{"nan_count": [1.0]}]), config=strict)
+    assert nan.rule == "nonfinite" and nan.actionable
+    few = one([{"chan_maxabs": ratio_vector(6.5, n=7)}])  # 7 channels < channels_min 8
+    assert few.rule != "outlier" and "outlier (channels 7 < 8)" in few.note
+    assert one([{"chan_maxabs": ratio_vector(6.5, n=8)}]).rule == "outlier"
+    thin = one([{"hist": [3.0] + [0.0] * 31}])  # 3 counted elements over 32 bins
+    assert thin.rule == "dense" and "concentrated (hist_per_bin" in thin.note
+    rows = one([{"pos_sumsq": [1.0, 9.0, 1.0, 9.0], "adj_sumsq": [0.1] * 3}])  # 4 rows < rows_min 8
+    assert rows.rule == "dense" and "coherent (rows 4 < 8)" in rows.note
 
 
 def ratio_vector(r: float, n: int = 8) -> list[float]:
@@ -259,7 +282,7 @@ BOUNDARIES = [
     ("outlier", lambda e: {"chan_maxabs": ratio_vector(6 + 10 * e)}, "outlier", 0.01),
     ("hist_gaps", lambda e: {"hist": ([10.0, 0.0] * 16) if e > 0 else [10.0] * 32}, "levels", 1.0),
     ("kurtosis", lambda e: {"kurtosis": [10 + 10 * e]}, "heavy_tail", 0.01),
-    ("histtop", lambda e: {"hist": [100 * (0.25 + e)] + [100 * (0.75 - e) / 31] * 31}, "concentrated", 0.01),
+    ("histtop", lambda e: {"hist": [1e3 * (0.25 + e)] + [1e3 * (0.75 - e) / 31] * 31}, "concentrated", 0.01),
     ("adj", lambda e: {"adj_sumsq": [0.5 + e] * 7}, "coherent", -0.01),
     ("pos_cv", lambda e: {"pos_sumsq": cv_vector(1.0 + e)}, "positional", 0.01),
 ]
@@ -289,7 +312,7 @@ def test_scores_of_the_reference_rules():
     assert one([{"chan_maxabs": ratio_vector(7.5)}]).score == pytest.approx(0.25)
     assert one([{"adj_sumsq": [0.2] * 7}]).score == pytest.approx(0.8)
     assert one([{"pos_sumsq": cv_vector(1.5)}]).score == pytest.approx(0.5)
-    assert one([{"hist": [60.0] + [40 / 31] * 31}]).score == pytest.approx(0.6)
+    assert one([{"hist": [600.0] + [400 / 31] * 31}]).score == pytest.approx(0.6)
 
 
 def test_stability_across_steps():
@@ -354,11 +377,34 @@ def test_signal_helpers():
 
 def test_costs_give_flop_share_and_savings():
     t = pa.concat_tables([table_of([{"nnz": [20.0]}], site="a"), table_of([{}], site="b")])
-    by_site = {f.site: f for f in mine(t, costs={"a": 3e6, "b": 1e6})}
+    by_site = {f.site: f for f in mine(t, costs={"a": 3e6, "b": 1e6}, config=small_ok())}
     assert by_site["a"].flop_share == pytest.approx(0.75)
     assert by_site["a"].savings == pytest.approx(0.75 * (1 - 0.2))
     assert by_site["b"].savings is None
     assert mine(t)[0].flop_share is None
+
+
+def test_rank_follows_impact_and_hides_the_rest(capsys):
+    """Impact = score x FLOP share orders the findings: a likely pattern on the big op beats a sure one on
+    a small op; NaN/Inf first whatever their share; dense rows are hidden from the terminal with a count."""
+    t = pa.concat_tables([
+        table_of([{"nnz": [40.0]}], site="big"),  # sparse, score 0.6, share 0.7
+        table_of([{"nnz": [5.0]}], site="tiny"),  # sparse, score 0.95, share 0.1
+        table_of([{"nan_count": [1.0]}], site="nan"),  # share 0.1
+        table_of([{}], site="plain"),  # dense, share 0.1
+    ])  # fmt: skip
+    costs = {"big": 7e6, "tiny": 1e6, "nan": 1e6, "plain": 1e6}
+    found = mine(t, costs=costs, config=small_ok())
+    assert [f.site for f in found] == ["nan", "big", "tiny", "plain"]
+    big, tiny = found[1], found[2]
+    assert big.impact == pytest.approx(0.6 * 0.7) and tiny.impact == pytest.approx(0.95 * 0.1)
+    assert big.saves == pytest.approx(0.7 * 0.6) and found[3].saves is None
+    print_findings(found)
+    out = capsys.readouterr().out
+    assert "ranked by impact (score x FLOP share)" in out and "1 finding(s) hidden" in out
+    assert "plain" not in out
+    print_findings(found, show_all=True)
+    assert "plain" in capsys.readouterr().out
 
 
 def test_measured_speedup_times_real_kernels(tmp_path):
@@ -409,7 +455,7 @@ def test_table_errors(tmp_path):
 
 def test_pandas_dataframe_input():
     pd = pytest.importorskip("pandas", reason="pandas is the test extra")
-    f = mine(pd.DataFrame(table_of([{"nnz": [10.0]}]).to_pylist()))
+    f = mine(pd.DataFrame(table_of([{"nnz": [10.0]}]).to_pylist()), config=small_ok())
     assert f[0].rule == "sparse"
 
 

@@ -48,6 +48,9 @@ def add_parser(subparsers) -> argparse.ArgumentParser:
                    help="site FLOPs for the FLOP share and savings: a .sites.csv sidecar or `opscope analyze` output "
                    "(.json/.csv/.parquet); default: the table's own .sites.csv")  # fmt: skip
     p.add_argument("--top", type=int, metavar="N", help="print only the N best findings")
+    p.add_argument("--all", action="store_true", dest="show_all",
+                   help="also list the dense, too-small and nothing-to-do rows (hidden by default; the JSON "
+                   "always has them)")  # fmt: skip
     p.add_argument("--measure", action="store_true",
                    help="time each exploit against dense at the site's shape (numpy / scipy; seconds)")  # fmt: skip
     p.add_argument("--validate", action="store_true",
@@ -65,7 +68,7 @@ def run(args: argparse.Namespace) -> int:
     config = config_with(overrides=args.set)
     findings = mine(args.table, args.costs, config, measure=args.measure, validate=args.validate)
     if not args.quiet:
-        print_findings(findings, top=args.top)
+        print_findings(findings, top=args.top, show_all=args.show_all)
         unchecked = unchecked_rules(args.table)
         if unchecked:
             need = sorted({s for m in unchecked.values() for s in m})

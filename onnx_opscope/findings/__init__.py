@@ -17,7 +17,7 @@ from .miner import finding_for, mine, mine_series, rank
 from .plan import Costs, load_costs
 from .rules import DENSE, RULE_SKETCHES, RULES, unchecked_rules
 from .series import Series, collect, read_sketch_table
-from .show import print_findings, temporal_text
+from .show import measure_notes, print_findings, shown_findings, temporal_text
 from .signals import SIGNALS, hist_gaps, rel_dist, step_signals, temporal_signals
 
 __all__ = [
@@ -46,6 +46,8 @@ __all__ = [
     "mine",
     "mine_series",
     "print_findings",
+    "shown_findings",
+    "measure_notes",
     "rank",
     "read_findings",
     "read_sketch_table",

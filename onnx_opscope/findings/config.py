@@ -37,6 +37,17 @@ class MineConfig:
     repeat_share_min: float = _t(0.2, "repeat share above: memoize")
     drift_max: float = _t(0.3, "mean step-to-step elemsig distance below: delta-compute across steps")
     min_steps: int = _t(3, "temporal rules need at least this many steps")
+    numel_min: int = _t(
+        256, "no rule but NaN/Inf judges a tensor with fewer elements: its statistics are noise, its cost nil"
+    )
+    hist_per_bin_min: float = _t(
+        4.0, "histogram rules (levels, concentrated) need this many counted elements per bin"
+    )
+    channels_min: int = _t(8, "the outlier rule needs this many channels: a max/mean over fewer is noise")
+    rows_min: int = _t(8, "row rules (coherent, positional) need this many rows")
+    fixed_norm_tol: float = _t(
+        1e-4, "l1 (sumsq) within this of numel/d (numel): rows normalised by construction, not stationary"
+    )
     stable_sigma: float = _t(0.02, "sigma over steps of the fired rule's score below: stable guard")
     stationary_score: float = _t(
         0.25, "rank of precompute / prepack (runtimes often prepack weights already)"

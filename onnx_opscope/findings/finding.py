@@ -24,6 +24,7 @@ from .config import MineConfig
 
 FORMAT = "onnx-opscope/findings"
 VERSION = 1
+ACTIONABLE_TEMPORAL = ("stationary", "memoize", "delta")
 
 
 @dataclass
@@ -83,11 +84,25 @@ class Finding:
     kind: str = "gemm"  # the site kind whose rules made it: gemm, attn, route, residual
     action: str = ""  # the command that acts on it, when opscope has one (e.g. `opscope rewrite skip ...`)
     validation: dict | None = None  # the action checked on real feeds (skip candidates: cosine, top1, passed)
+    impact: float | None = None  # what `mine` ranks by: rank_score x flop_share (None: the share is unknown)
 
     @property
     def rank_score(self) -> float:
-        """What `mine` ranks by: the better of the per-batch and the across-steps score."""
+        """The finding's score: the better of the per-batch and the across-steps score."""
         return max(self.score, self.temporal.score if self.temporal else 0.0)
+
+    @property
+    def actionable(self) -> bool:
+        """Whether it names something to do (dense, too small and 'none: ...' verdicts do not)."""
+        per_batch = self.rule not in ("dense", "small") and not self.exploit.startswith("none")
+        return per_batch or (self.temporal is not None and self.temporal.rule in ACTIONABLE_TEMPORAL)
+
+    @property
+    def saves(self) -> float | None:
+        """The estimated saving as a share of the model's FLOPs: the larger of the per-batch and the
+        across-steps one (None: not a FLOP saving, or the site's FLOPs are unknown)."""
+        got = [v for v in (self.savings, self.temporal.savings if self.temporal else None) if v is not None]
+        return max(got) if got else None
 
 
 def _clean(x: Any) -> Any:

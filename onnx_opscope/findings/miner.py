@@ -29,18 +29,35 @@ from .inference import KIND_OF_ROLE, attention_finding, residual_finding, routin
 from .plan import Costs, annotate, load_costs
 from .rules import DENSE, DENSE_NOTE, TEMPORAL_RULES, fire, fmt_num
 from .series import Series, TableLike, collect, read_sketch_table
-from .signals import SIGNALS, finite_or_none, nanmean, nanstd, scalar, step_signals, temporal_signals
+from .signals import SIGNALS, SUPPORT, finite_or_none, nanmean, nanstd, scalar, step_signals, temporal_signals
 
 
-def _temporal(series: Series, steps: list[int], cfg: MineConfig) -> Temporal | None:
-    if len(steps) < max(cfg.min_steps, 2):
+def fixed_norm(value: float, numel: int | None, dims: Sequence[int | None], tol: float) -> int | None:
+    """The d for which `value` (a tensor's l1 or sumsq) equals numel / d within `tol`, None if none:
+    rows summing to 1 (softmax, d = the row length), unit-norm or unit-RMS rows, ±1 values (d = 1).
+    Such a norm stands still by construction, whatever the input: it is no stationarity signal."""
+    if not numel or not math.isfinite(value) or value <= 0:
         return None
+    return next((d for d in (1, *dims) if d and abs(value * d / numel - 1.0) < tol), None)
+
+
+def _temporal(series: Series, steps: list[int], cfg: MineConfig) -> tuple[Temporal | None, str]:
+    """The across-steps verdict, and a note when the norm is fixed by construction."""
+    if len(steps) < max(cfg.min_steps, 2):
+        return None, ""
     # l1 is opt-in; sumsq (always recorded) stands still exactly when l1 does
     stat = "l1" if all("l1" in series.steps[s] for s in steps) else "sumsq"
     l1 = [scalar(series.steps[s], stat) for s in steps]
     sigs = [series.stat(s, "elemsig") for s in steps]
     ts = temporal_signals(l1, sigs, cfg)
     stationary = math.isfinite(ts["l1_cv"]) and ts["l1_cv"] < cfg.stationary_cv
+    note = ""
+    if stationary:
+        numel = max((n for n in series.numel.values() if n), default=None)
+        d = fixed_norm(nanmean(l1), numel, series.dims, cfg.fixed_norm_tol)
+        if d is not None:
+            stationary = False
+            note = f"{stat} = numel/{d}: fixed by construction (normalised rows), no stationarity verdict"
     rep, drift = ts["repeat_share"], ts["drift"]
     if stationary:
         rule, score = "stationary", cfg.stationary_score
@@ -61,7 +78,7 @@ def _temporal(series: Series, steps: list[int], cfg: MineConfig) -> Temporal | N
         steps=len(steps), l1_cv=finite_or_none(ts["l1_cv"]), stationary=bool(stationary), repeat_share=finite_or_none(rep),
         drift=finite_or_none(drift), drift_sigma=finite_or_none(ts["drift_sigma"]), rule=rule, condition=cond, exploit=exploit,
         score=float(min(max(score, 0.0), 1.0)), guard=guard.format(t=fmt_num(getattr(cfg, thr))) if thr else "",
-    )  # fmt: skip
+    ), note  # fmt: skip
 
 
 def finding_for(series: Series, cfg: MineConfig | None = None) -> Finding:
@@ -69,11 +86,21 @@ def finding_for(series: Series, cfg: MineConfig | None = None) -> Finding:
     cfg = cfg or MineConfig()
     steps = sorted(series.steps)
     per_step = [step_signals(series.steps[s], series.numel.get(s), cfg) for s in steps]
-    signals = {k: nanmean([p[k] for p in per_step]) for k in SIGNALS}
+    signals = {k: nanmean([p[k] for p in per_step]) for k in SIGNALS + SUPPORT}
     sigma = {k: nanstd([p[k] for p in per_step]) for k in SIGNALS}
-    rule = fire(signals, cfg)
-    if rule is None:
+    numels = [n for n in series.numel.values() if n is not None]
+    numel = max(numels) if numels else None
+    small = numel is not None and numel < cfg.numel_min
+    rule, unsure = fire(signals, cfg)
+    small = small and (rule is None or rule.name != "nonfinite")  # NaN/Inf matter at any size
+    notes = [] if small else [DENSE_NOTE] if rule is None else []
+    if unsure and not small:
+        notes.append("held on too little evidence: " + ", ".join(unsure))
+    if rule is None or small:
         name, cond, exploit, score, guard = "dense", "no rule fired", DENSE, 0.0, ""
+        if small:
+            name, cond = "small", f"numel {numel} < {cfg.numel_min}"
+            exploit = "none: too few elements to judge (or to be worth it)"
         held, stab_sigma, stability = None, None, "n/a"
     else:
         name, cond, exploit, guard = rule.name, rule.condition(cfg), rule.exploit, rule.guard
@@ -87,16 +114,16 @@ def finding_for(series: Series, cfg: MineConfig | None = None) -> Finding:
             stability = "single step"
         else:
             stability = "stable" if stab_sigma < cfg.stable_sigma else "watch drift"
-    numels = [n for n in series.numel.values() if n is not None]
+    temporal, temporal_note = (None, "") if small else _temporal(series, steps, cfg)
     return Finding(
         site=series.site, op_type=series.op_type, role=series.role, run_id=series.run_id,
         provider=series.provider, dist=series.dist, M=series.dims[0], K=series.dims[1], N=series.dims[2],
-        numel=max(numels) if numels else None, steps=len(steps),
+        numel=numel, steps=len(steps),
         signals={k: finite_or_none(v) for k, v in signals.items()}, sigma={k: finite_or_none(v) for k, v in sigma.items()},
         rule=name, condition=cond, exploit=exploit, score=score, guard=guard,
         guard_held=None if held is None else float(held), stability=stability,
-        stability_sigma=finite_or_none(stab_sigma), temporal=_temporal(series, steps, cfg),
-        note=DENSE_NOTE if rule is None else "",
+        stability_sigma=finite_or_none(stab_sigma), temporal=temporal,
+        note="; ".join(n for n in [*notes, temporal_note] if n),
     )  # fmt: skip
 
 
@@ -167,8 +194,19 @@ def mine_series(
 
 
 def rank(findings: list[Finding]) -> list[Finding]:
-    """Best first: rank score, then savings, then site and role for a stable order."""
-    return sorted(findings, key=lambda f: (-f.rank_score, -(f.savings or 0.0), f.site, f.role, f.dist))
+    """Best first, by impact: the finding's score x its site's share of the model's FLOPs, so a sure
+    pattern on a small op ranks below a likely one on the op that does most of the work. NaN/Inf
+    come first whatever their site; findings whose site has no known FLOPs come after those with an
+    impact, by score. Ties: the saving, then site and role for a stable order."""
+    for f in findings:
+        f.impact = None if f.flop_share is None else f.rank_score * f.flop_share
+
+    def key(f: Finding) -> tuple:
+        first = f.rule == "nonfinite"
+        return (not first, f.impact is None, -(f.impact if f.impact is not None else f.rank_score),
+                -(f.saves or 0.0), f.site, f.role, f.dist)  # fmt: skip
+
+    return sorted(findings, key=key)
 
 
 def run_record(table_path: Path | None) -> dict:

@@ -209,7 +209,7 @@ def estimate_temporal(f: Finding, cfg: MineConfig) -> tuple[float | None, float 
         if f.role in RHS_ROLES:  # a weight: prepacking saves its layout work, not GEMM FLOPs
             return None, None
         return None, t.repeat_share if t.repeat_share is not None else 1.0 - 1.0 / t.steps
-    return None, 0.0
+    return None, None  # drifting: nothing across steps to save
 
 
 def annotate(f: Finding, costs: Costs, cfg: MineConfig, measure: bool = False) -> Finding:
@@ -309,7 +309,7 @@ def _have_scipy() -> bool:
     return True
 
 
-NO_SCIPY = "not measured: scipy is not installed (pip install scipy)"
+NO_SCIPY = "not measured: scipy is not installed (pip install 'onnx-opscope[measure]')"
 
 
 def measure_exploit(f: Finding, cfg: MineConfig) -> tuple[float | None, str]:

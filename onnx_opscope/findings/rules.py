@@ -34,6 +34,8 @@ class Rule:
     exploit: str
     guard: str  # runtime predicate over the sketches; {t} is the threshold
     score: Callable[[float], float]
+    # minimum sizes: (support signal, MineConfig field), each signal >= the field (`signals.SUPPORT`)
+    support: tuple[tuple[str, str], ...] = (("numel", "numel_min"),)
 
     def limit(self, cfg: MineConfig) -> float:
         return float(getattr(cfg, self.threshold))
@@ -46,23 +48,36 @@ class Rule:
     def condition(self, cfg: MineConfig) -> str:
         return f"{self.signal} {self.op} {fmt_num(self.limit(cfg))}"
 
+    def too_little(self, signals: Mapping[str, float | None], cfg: MineConfig) -> str | None:
+        """The first minimum size the evidence misses, as 'channels 3 < 8' (None: enough). An unknown
+        size (an older table without numel, chan_outlier recorded without chan_maxabs) does not block."""
+        for name, field_name in self.support:
+            v, least = signals.get(name), float(getattr(cfg, field_name))
+            if v is not None and math.isfinite(v) and v < least:
+                return f"{name} {fmt_num(v)} < {fmt_num(least)}"
+        return None
 
+
+_SIZE = (("numel", "numel_min"),)
+_HIST = (("hist_per_bin", "hist_per_bin_min"),)
+_CHANNELS = (("channels", "channels_min"),)
+_ROWS = (("rows", "rows_min"),)
 RULES: tuple[Rule, ...] = (
     Rule("nonfinite", "nonfinite", ">", "nonfinite_max", "fix numerics first (NaN/Inf)",
-         "(nan_count + inf_count)/numel > {t}", lambda v: 1.0),
+         "(nan_count + inf_count)/numel > {t}", lambda v: 1.0, support=()),
     Rule("sparse", "density", "<", "density_max", "sparse GEMM", "nnz/numel < {t}", lambda v: 1.0 - v),
     Rule("outlier", "outlier", ">", "outlier_min", "per-channel int quant",
-         "max(chan_maxabs)/mean(chan_maxabs) > {t}", lambda v: min(v / 30.0, 1.0)),
+         "max(chan_maxabs)/mean(chan_maxabs) > {t}", lambda v: min(v / 30.0, 1.0), _SIZE + _CHANNELS),
     Rule("levels", "hist_gaps", ">", "gaps_min", "quantize / LUT (few levels)",
-         "hist_gaps(hist) > {t}", lambda v: v),
+         "hist_gaps(hist) > {t}", lambda v: v, _SIZE + _HIST),
     Rule("heavy_tail", "kurtosis", ">", "kurtosis_min",
          "outlier-aware quant (heavy tails)", "kurtosis > {t}", lambda v: min(v / 50.0, 1.0)),
     Rule("concentrated", "histtop", ">", "histtop_min", "quantize / LUT (concentrated values)",
-         "max(hist)/sum(hist) > {t}", lambda v: v),
+         "max(hist)/sum(hist) > {t}", lambda v: v, _SIZE + _HIST),
     Rule("coherent", "adj", "<", "adj_max", "delta-compute (adjacent rows)",
-         "mean(adj_sumsq)/mean(pos_sumsq) < {t}", lambda v: 1.0 - v),
+         "mean(adj_sumsq)/mean(pos_sumsq) < {t}", lambda v: 1.0 - v, _SIZE + _ROWS),
     Rule("positional", "pos_cv", ">", "pos_cv_min", "sequence / positional structure",
-         "std(pos_sumsq)/|mean(pos_sumsq)| > {t}", lambda v: min(v / 3.0, 1.0)),
+         "std(pos_sumsq)/|mean(pos_sumsq)| > {t}", lambda v: min(v / 3.0, 1.0), _SIZE + _ROWS),
 )  # fmt: skip
 # The sketches each rule reads; the opt-in ones (nnz, chan_maxabs, kurtosis, adj_sumsq) may be absent.
 RULE_SKETCHES = {
@@ -93,6 +108,14 @@ TEMPORAL_RULES = {
 }
 
 
-def fire(signals: Mapping[str, float | None], cfg: MineConfig) -> Rule | None:
-    """The first rule of the cascade whose condition holds (None: dense)."""
-    return next((r for r in RULES if r.holds(signals.get(r.signal), cfg)), None)
+def fire(signals: Mapping[str, float | None], cfg: MineConfig) -> tuple[Rule | None, list[str]]:
+    """The first rule of the cascade whose condition holds on enough evidence (None: dense), and the
+    rules whose condition held on too little, as 'levels (numel 8 < 256)'."""
+    unsure = []
+    for r in RULES:
+        if r.holds(signals.get(r.signal), cfg):
+            short = r.too_little(signals, cfg)
+            if short is None:
+                return r, unsure
+            unsure.append(f"{r.name} ({short})")
+    return None, unsure

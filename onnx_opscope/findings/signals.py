@@ -14,6 +14,8 @@ import numpy as np
 from .config import MineConfig
 
 SIGNALS = ("density", "outlier", "histtop", "hist_gaps", "levels", "pos_cv", "adj", "kurtosis", "nonfinite")
+# How much evidence a rule's signal stands on: the rules' minimum sizes (`rules.Rule.support`) read these.
+SUPPORT = ("numel", "hist_per_bin", "channels", "rows")
 
 
 def _finite(v: np.ndarray | None) -> np.ndarray:
@@ -51,13 +53,15 @@ def step_signals(stats: Mapping[str, np.ndarray], numel: int | None, cfg: MineCo
     """The signals of one batch of one (site, role); NaN where the sketches needed are absent."""
     cfg = cfg or MineConfig()
     n = float(numel) if numel else math.nan
-    s: dict[str, float] = dict.fromkeys(SIGNALS, math.nan)
+    s: dict[str, float] = dict.fromkeys(SIGNALS + SUPPORT, math.nan)
+    s["numel"] = n
     with np.errstate(all="ignore"):
         s["density"] = scalar(stats, "nnz") / n
         bad = [scalar(stats, k) for k in ("nan_count", "inf_count")]
         if any(math.isfinite(b) for b in bad):
             s["nonfinite"] = sum(b for b in bad if math.isfinite(b)) / n
         cm = _finite(stats.get("chan_maxabs"))
+        s["channels"] = float(cm.size) if cm.size else math.nan
         s["outlier"] = (
             float(cm.max() / cm.mean()) if cm.size and cm.mean() > 0 else scalar(stats, "chan_outlier")
         )
@@ -66,7 +70,9 @@ def step_signals(stats: Mapping[str, np.ndarray], numel: int | None, cfg: MineCo
             s["histtop"] = float(h.max() / h.sum())
             s["hist_gaps"] = hist_gaps(h, cfg.gaps_mass)
             s["levels"] = float(np.count_nonzero(h))
+            s["hist_per_bin"] = float(h.sum() / h.size)
         p = _finite(stats.get("pos_sumsq"))
+        s["rows"] = float(p.size) if p.size else math.nan
         if p.size > 1 and p.mean() != 0:
             s["pos_cv"] = float(p.std() / abs(p.mean()))
         a = _finite(stats.get("adj_sumsq"))
