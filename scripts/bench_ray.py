@@ -12,7 +12,11 @@ Rows, each in a fresh process, 3 rounds interleaved (median [min-max]):
   from the model bytes; Ray worker processes started when its pool has none idle) is the fixed
   cost. The speed-up is the ratio of the two engines' b;
 - the driver's peak memory with many small batches (`--many`, default 400, of a tiny model) and
-  with a tenth of them: flat when the driver holds a bounded number of results.
+  with a tenth of them: flat when the driver holds a bounded number of results;
+- the machine's own ceiling: the instrumented model in a bare onnxruntime session (1 thread, no
+  decoding, no table) alone, and as `--workers` such processes at once. Their per-batch ratio is
+  the most any engine of that many workers can gain on this machine (shared caches, memory
+  bandwidth, the other jobs on it), printed beside Ray's speed-up.
 
 The tables of both engines are compared row for row (they must be equal).
 """
@@ -40,17 +44,12 @@ def _peak_mb() -> float:
     return float("nan")
 
 
-def one(job: dict) -> None:
-    """One measurement in this process; prints a JSON line."""
+def _model(job: dict) -> Path:
     import onnx
 
-    import onnx_opscope
     from onnx_opscope import zoo
-    from onnx_opscope.run import FeedSpec, RuntimeConfig
-    from onnx_opscope.run.engine import Engine
 
-    folder = Path(job["dir"])
-    model = folder / f"{job['model']}.onnx"
+    model = Path(job["dir"]) / f"{job['model']}.onnx"
     if not model.exists():
         m = (
             zoo.bert_like(hidden=256, layers=job["layers"], heads=4)
@@ -58,6 +57,45 @@ def one(job: dict) -> None:
             else zoo.mlp()
         )
         onnx.save(m, model)
+    return model
+
+
+def bare(job: dict) -> None:
+    """The instrumented model in a plain onnxruntime session, batch after batch; prints a JSON line."""
+    import onnxruntime as ort
+
+    from onnx_opscope import inject
+    from onnx_opscope.graph.io import save_model
+    from onnx_opscope.run import FeedSpec, iter_feeds
+
+    tapped = Path(job["dir"]) / f"{job['model']}.tapped.onnx"
+    model, _ = inject(_model(job))
+    if not tapped.exists():
+        save_model(model, tapped)
+    opts = ort.SessionOptions()
+    opts.intra_op_num_threads = opts.inter_op_num_threads = 1
+    session = ort.InferenceSession(str(tapped), opts, providers=["CPUExecutionProvider"])
+    batches = list(iter_feeds(model, FeedSpec(batches=job["batches"], dims=job.get("dims") or {})))
+    session.run(None, batches[0])  # warm up
+    times = []
+    for feed in batches:
+        t = time.perf_counter()
+        session.run(None, feed)
+        times.append(time.perf_counter() - t)
+    print(json.dumps({"steady": statistics.median(times), "seconds": sum(times)}))
+
+
+def one(job: dict) -> None:
+    """One measurement in this process; prints a JSON line."""
+    import onnx_opscope
+    from onnx_opscope.run import FeedSpec, RuntimeConfig
+    from onnx_opscope.run.engine import Engine
+
+    if job["engine"] == "bare":
+        bare(job)
+        return
+    folder = Path(job["dir"])
+    model = _model(job)
     runtime = RuntimeConfig(threads=1)
     feeds = FeedSpec(batches=job["batches"], dims=job.get("dims") or {})
     engine = Engine("ray", workers=job["workers"]) if job["engine"] == "ray" else Engine()
@@ -86,11 +124,19 @@ def one(job: dict) -> None:
 
 
 def _run(job: dict) -> dict:
-    proc = subprocess.run([sys.executable, __file__, "--one", json.dumps(job)], capture_output=True, text=True,
-                          timeout=1800, cwd=ROOT)  # fmt: skip
-    if proc.returncode:
-        raise SystemExit(f"{job['tag']} failed: {proc.stderr.strip().splitlines()[-1:]}")
-    return json.loads(proc.stdout.strip().splitlines()[-1])
+    """The job in a fresh process; with "at_once" k, k copies at the same time (their median result)."""
+    procs = [subprocess.Popen([sys.executable, __file__, "--one", json.dumps(job)], stdout=subprocess.PIPE,
+                              stderr=subprocess.PIPE, text=True, cwd=ROOT)
+             for _ in range(job.get("at_once", 1))]  # fmt: skip
+    got = []
+    for proc in procs:
+        out, err = proc.communicate(timeout=1800)
+        if proc.returncode:
+            raise SystemExit(f"{job['tag']} failed: {err.strip().splitlines()[-1:]}")
+        got.append(json.loads(out.strip().splitlines()[-1]))
+    if len(got) == 1:
+        return got[0]
+    return {"steady": statistics.median(g["steady"] for g in got), "seconds": max(g["seconds"] for g in got)}
 
 
 def _median(xs: list[float]) -> str:
@@ -123,7 +169,10 @@ def main(argv: list[str] | None = None) -> int:
             ("ray", {"engine": "ray", "model": "bert_like", "batches": batches, "dims": dims}),
             (f"ray, mlp, {many // 10} batches", {"engine": "ray", "model": "mlp", "batches": many // 10}),
             (f"ray, mlp, {many} batches", {"engine": "ray", "model": "mlp", "batches": many}),
-        ]
+            ("bare session, alone", {"engine": "bare", "model": "bert_like", "batches": batches // 2, "dims": dims}),
+            (f"bare session, {args.workers} at once",
+             {"engine": "bare", "model": "bert_like", "batches": batches // 2, "dims": dims, "at_once": args.workers}),
+        ]  # fmt: skip
         for r in range(rounds):
             for label, job in jobs:
                 tag = f"{label}-{r}".replace(" ", "_").replace(",", "")
@@ -144,6 +193,9 @@ def main(argv: list[str] | None = None) -> int:
     print("| row | seconds, median [min–max] | steady ms / batch | ray.init s | driver peak MB | rows |")
     print("|---|---:|---:|---:|---:|---:|")
     for label, rs in results.items():
+        if label.startswith("bare"):
+            print(f"| {label} | | {_median([x['steady'] * 1e3 for x in rs])} | | | |")
+            continue
         print(f"| {label} | {_median([x['seconds'] for x in rs])} | {_median([x['steady'] * 1e3 for x in rs])} | "
               f"{_median([x['setup'] for x in rs])} | {_median([x['peak_mb'] for x in rs])} | {rs[0]['rows']} |")  # fmt: skip
 
@@ -156,6 +208,11 @@ def main(argv: list[str] | None = None) -> int:
     )
     print(f"speed-up of {args.workers} Ray workers over one process: {_median([a / b for a, b in zip(one_b, ray_b)])}x "
           f"(goal >= 1.8x on 2 cores)")  # fmt: skip
+    alone = [x["steady"] for x in results["bare session, alone"]]
+    at_once = [x["steady"] for x in results[f"bare session, {args.workers} at once"]]
+    ceiling = [args.workers * a / b for a, b in zip(alone, at_once)]
+    print(f"the machine's ceiling for {args.workers} workers ({args.workers} bare tapped sessions at once against one "
+          f"alone): {_median(ceiling)}x")  # fmt: skip
     gain = statistics.median(one_b) - statistics.median(ray_b)
     pays = (
         f"from about {statistics.median(fixed) / gain:.0f} batches of this model"
