@@ -147,3 +147,9 @@ def est_time(flops: float | None, nbytes: float | None, device: Device) -> float
     if flops is None or nbytes is None:
         return None
     return max(flops / device.peak_flops, nbytes / device.bandwidth)
+
+
+def attainable(ai: float, device: Device) -> float:
+    """The roofline: the FLOP/s an op of arithmetic intensity `ai` (FLOP/byte) can reach on `device`,
+    min(peak, bandwidth x ai): the memory slope left of the ridge, the compute ceiling right of it."""
+    return min(device.peak_flops, device.bandwidth * ai)

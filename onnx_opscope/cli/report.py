@@ -5,6 +5,7 @@ from __future__ import annotations
 import argparse
 from pathlib import Path
 
+from ..analysis import DEVICES
 from ..files import check_writable
 from ..findings import config_with
 from ..reporting import report
@@ -15,6 +16,7 @@ EPILOG = """examples:
   opscope report sketches.parquet -o report.html
   opscope report sketches.parquet --findings findings.json --costs costs.json -o report.html
   opscope report sketches.parquet -o report.md        # PNGs go to report_files/
+  opscope report sketches.parquet --all --device h100 # every tensor; the roofline of an H100
 """
 
 
@@ -22,10 +24,13 @@ def add_parser(subparsers) -> argparse.ArgumentParser:
     p = subparsers.add_parser(
         "report",
         help="HTML or Markdown report of a sketch table's findings, with plots",
-        description="Ranked findings and what to do about them, their signals, a histogram heatmap, per-channel "
-        "max|x| of the top outlier sites, density and score per site, and a roofline scatter when --costs gives "
-        "the analyzer's per-op costs. HTML is one self-contained file (images embedded, nothing fetched); "
-        "Markdown writes its PNGs to <stem>_files/ beside it.",
+        description="A summary of what to do next (the three actions with the largest estimated saving, each "
+        "with the command that checks or applies it), the findings ranked by impact (the non-actionable ones "
+        "counted, --all lists them), sections for attention, experts and residual blocks when the table has "
+        "them, a histogram heatmap, per-channel max|x| of the top outlier sites, the findings by impact and a "
+        "roofline (attainable FLOP/s against FLOP/byte; symbolic or missing costs are evaluated at the "
+        "recorded shapes). HTML is one self-contained file (images embedded, nothing fetched); Markdown writes "
+        "its PNGs to <stem>_files/ beside it.",
         epilog=EPILOG + "\n" + set_epilog(),
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )
@@ -39,6 +44,10 @@ def add_parser(subparsers) -> argparse.ArgumentParser:
                    "default: the table's own .sites.csv")  # fmt: skip
     p.add_argument("--weights", metavar="PLAN.json",
                    help="add the weights section: the plan JSON of `opscope weights --plan`")  # fmt: skip
+    p.add_argument("--all", action="store_true", dest="show_all",
+                   help="also list the dense, too-small and nothing-to-do findings (hidden by default, counted)")  # fmt: skip
+    p.add_argument("--device", choices=sorted(DEVICES), default=None,
+                   help="the roofline's device preset (default: the one --costs was analyzed for, else cpu)")  # fmt: skip
     p.add_argument("--set", action="append", default=[], metavar="NAME=VALUE",
                    help="change a threshold when mining now, e.g. density_max=0.4 (repeatable; listed below)")  # fmt: skip
     add_quiet_argument(p)
@@ -54,6 +63,8 @@ def run(args: argparse.Namespace) -> int:
         costs=args.costs,
         config=config_with(overrides=args.set),
         weights=args.weights,
+        show_all=args.show_all,
+        device=args.device,
     )
     if not args.quiet:
         print(f"wrote {path}")

@@ -10,6 +10,16 @@
 - `identity`: what findings and costs came from, checked against the table they are used with.
 """
 
+from .actions import (
+    Step,
+    feed_flags,
+    findings_line,
+    fix_first,
+    next_step,
+    next_steps,
+    rule_counts,
+    top_actions,
+)
 from .config import MineConfig, config_with, describe
 from .finding import FORMAT, Finding, Temporal, findings_to_dict, load_findings, read_findings, save_findings
 from .identity import SourceWarning, check_costs, check_findings, findings_source
@@ -57,4 +67,12 @@ __all__ = [
     "temporal_signals",
     "temporal_text",
     "unchecked_rules",
+    "Step",
+    "feed_flags",
+    "findings_line",
+    "fix_first",
+    "next_step",
+    "next_steps",
+    "rule_counts",
+    "top_actions",
 ]

@@ -93,9 +93,16 @@ class Finding:
 
     @property
     def actionable(self) -> bool:
-        """Whether it names something to do (dense, too small and 'none: ...' verdicts do not)."""
+        """Whether it names something to do: dense, too small and 'none: ...' verdicts do not, nor a
+        stationary weight (constant by nature: prepacking it is what runtimes already do)."""
         per_batch = self.rule not in ("dense", "small") and not self.exploit.startswith("none")
-        return per_batch or (self.temporal is not None and self.temporal.rule in ACTIONABLE_TEMPORAL)
+        t = self.temporal
+        across = (
+            t is not None
+            and t.rule in ACTIONABLE_TEMPORAL
+            and not (t.rule == "stationary" and t.reuse is None)
+        )
+        return per_batch or across
 
     @property
     def saves(self) -> float | None:

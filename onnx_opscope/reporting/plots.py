@@ -1,22 +1,34 @@
 """The report's plots, drawn with matplotlib's object API on the Agg canvas (no pyplot state, no display).
 
 The histogram of every (site, role) as a heatmap, per-channel max|x| of the sites with the
-strongest channel outliers, density and score per site, and the analyzer's roofline scatter
-when per-op costs (flops, bytes, intensity) are given. Each is a PNG in a `Plot`.
+strongest channel outliers, the findings by what they are ranked by (impact), and a roofline
+of the ops the analyzer priced. Each is a PNG in a `Plot` with its title in the image, axis
+labels with units and a legend; a plot that cannot be drawn is a `Missing` that says why in
+one line, and a panel that would carry no information (a density of 1.0 everywhere) is left
+out with a sentence in the caption instead.
 """
 
 from __future__ import annotations
 
 import io
+import math
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING
 
 import numpy as np
 
-from ..findings import Costs, Finding, MineConfig, Series
+from ..analysis.roofline import Device, attainable
+from ..findings import Finding, MineConfig, Series
+
+if TYPE_CHECKING:
+    from matplotlib.figure import Figure
 
 MAX_ROWS = 40  # rows in the heatmap and the bar charts
 TOP_CHANNEL_SITES = 4
+ROOF_LABELS = 10  # labelled points on the roofline: the sites with findings, then the top ops by FLOPs
+ROOFLINE = "Roofline"
+DENSE_ENOUGH = 0.99  # a density panel whose every bar is above this says nothing
 
 RULE_COLORS = {
     "nonfinite": "#7f7f7f", "sparse": "#1f77b4", "outlier": "#d62728", "levels": "#9467bd",
@@ -33,6 +45,37 @@ class Plot:
     title: str
     caption: str
     png: bytes
+
+
+@dataclass
+class Missing:
+    """A plot the report could not draw, and the one-line reason it gives instead."""
+
+    name: str
+    title: str
+    reason: str
+
+
+@dataclass
+class RoofPoint:
+    """One op on the roofline: its intensity and the FLOP/s the device can reach there."""
+
+    node: str
+    op_type: str
+    flops: float
+    nbytes: float
+    intensity: float  # FLOP / byte
+    attainable: float  # FLOP/s: min(peak, bandwidth x intensity)
+
+
+@dataclass
+class Roofline:
+    """What the roofline is drawn from: per-op records (flops, bytes), the device, and where the
+    costs come from (the analysis, or the shapes the recording used)."""
+
+    device: Device
+    records: list[dict] = field(default_factory=list)
+    shapes: str = "the analysis"
 
 
 def _png(fig) -> bytes:
@@ -61,10 +104,15 @@ def multi_run(findings: Sequence[Finding]) -> bool:
     return len({(f.run_id, f.provider, f.dist) for f in findings}) > 1
 
 
-def plot_histograms(findings: Sequence[Finding], series: dict[tuple, Series]) -> Plot | None:
+def _short(name: str, width: int = 30) -> str:
+    return name if len(name) <= width else "…" + name[-(width - 1) :]
+
+
+def plot_histograms(findings: Sequence[Finding], series: dict[tuple, Series]) -> Plot | Missing:
     """Mean histogram shares over steps, one row per (site, role), in rank order."""
     from matplotlib.colors import PowerNorm
 
+    title = "Histogram per site"
     rows, labels = [], []
     multi = multi_run(findings)
     for f in findings:
@@ -81,23 +129,32 @@ def plot_histograms(findings: Sequence[Finding], series: dict[tuple, Series]) ->
             labels.append(label(f, multi))
         if len(rows) >= MAX_ROWS:
             break
-    if not rows or len({len(r) for r in rows}) != 1:
-        return None
+    if not rows:
+        return Missing(
+            "histograms", title, "no tapped tensor has a histogram (the hist sketch was not recorded)"
+        )
+    if len({len(r) for r in rows}) != 1:
+        return Missing("histograms", title, "the tensors' histograms have different bin counts")
     data = np.vstack(rows)
-    fig = _figure(8, 1.2 + 0.28 * len(rows))
+    fig = _figure(8, 1.6 + 0.28 * len(rows))
     ax = fig.add_subplot()
     im = ax.imshow(data, aspect="auto", cmap="viridis", norm=PowerNorm(0.5, vmin=0, vmax=max(data.max(), 1e-9)),
                    extent=(-1, 1, len(rows) - 0.5, -0.5), interpolation="nearest")  # fmt: skip
     ax.set_yticks(range(len(rows)), labels, fontsize=8)
-    ax.set_xlabel("x / max|x|  (bins)")
+    ax.set_xlabel(f"x / max|x|  ({data.shape[1]} bins over [-1, 1])")
+    ax.set_ylabel("tapped tensor (site/role), best first")
+    ax.set_title("Histogram of each tapped tensor (shares averaged over steps)", fontsize=10)
     fig.colorbar(im, ax=ax, label="share of elements (sqrt scale)")
-    caption = ("Each row is one tapped tensor's histogram (shares, averaged over steps). Spikes at 0 mean "
-               "sparsity or heavy tails; combs of empty bins mean a few discrete levels.")  # fmt: skip
-    return Plot("histograms", "Histogram per site", caption, _png(fig))
+    caption = ("Each row is one tapped tensor's histogram (shares, averaged over steps), in rank order. Spikes at "
+               "0 mean sparsity or heavy tails; combs of empty bins mean a few discrete levels.")  # fmt: skip
+    return Plot("histograms", title, caption, _png(fig))
 
 
-def plot_channels(findings: Sequence[Finding], series: dict[tuple, Series], cfg: MineConfig) -> Plot | None:
+def plot_channels(
+    findings: Sequence[Finding], series: dict[tuple, Series], cfg: MineConfig
+) -> Plot | Missing:
     """Per-channel max|x| (max over steps) of the tensors with the largest channel-outlier ratio."""
+    title = "Per-channel max|x| (top outlier sites)"
     cands = [f for f in findings if f.signals.get("outlier") is not None and _key(f) in series]
     cands.sort(key=lambda f: -(f.signals["outlier"] or 0.0))
     picked = []
@@ -110,112 +167,216 @@ def plot_channels(findings: Sequence[Finding], series: dict[tuple, Series], cfg:
         if len(picked) >= TOP_CHANNEL_SITES:
             break
     if not picked:
-        return None
+        return Missing(
+            "channels",
+            title,
+            "no tensor has per-channel max|x| (record with --sketch chan_maxabs, or --sketch all)",
+        )
     multi = multi_run(findings)
-    fig = _figure(8, 2.0 * len(picked) + 0.4)
+    fig = _figure(8, 2.0 * len(picked) + 0.8)
     axes = fig.subplots(len(picked), 1, squeeze=False)[:, 0]
     for ax, (f, v) in zip(axes, picked):
         mean = float(np.nanmean(v))
         color = "#d62728" if f.rule == "outlier" else "#1f77b4"
-        ax.stairs(
-            np.nan_to_num(v), np.arange(v.size + 1) - 0.5, fill=True, color=color
-        )  # one patch, not N bars
-        ax.axhline(mean, color="black", lw=0.8, ls="--", label="mean")
-        ax.axhline(
-            mean * cfg.outlier_min, color="#d62728", lw=0.8, ls=":", label=f"{cfg.outlier_min:g} x mean"
-        )
+        ax.stairs(np.nan_to_num(v), np.arange(v.size + 1) - 0.5, fill=True, color=color,
+                  label="outlier rule fired" if f.rule == "outlier" else "max|x| of the channel")  # fmt: skip
+        ax.axhline(mean, color="black", lw=0.8, ls="--", label="mean over channels")
+        ax.axhline(mean * cfg.outlier_min, color="#d62728", lw=0.8, ls=":",
+                   label=f"outlier threshold: {cfg.outlier_min:g} x mean")  # fmt: skip
         ax.set_title(f"{label(f, multi)}: max/mean = {f.signals['outlier']:.3g}", fontsize=9)
-        ax.set_ylabel("max|x|", fontsize=8)
+        ax.set_ylabel("max|x| (tensor units)", fontsize=8)
         ax.legend(fontsize=7, loc="upper right")
-    axes[-1].set_xlabel("channel")
+    axes[-1].set_xlabel("channel index (last axis)")
+    fig.suptitle("Per-channel max|x|, max over steps", fontsize=10)
     caption = (f"Per-channel max|x| of the {len(picked)} tensors with the largest max/mean ratio; a ratio above "
                f"{cfg.outlier_min:g} calls for per-channel scales.")  # fmt: skip
-    return Plot("channels", "Per-channel max|x| (top outlier sites)", caption, _png(fig))
+    return Plot("channels", title, caption, _png(fig))
 
 
-def plot_density_score(findings: Sequence[Finding]) -> Plot | None:
-    """Density and score per (site, role), in rank order, coloured by the rule that fired."""
+def _kind(f: Finding) -> str:
+    k = "steps" if f.temporal and f.temporal.score > f.score else f.rule
+    return k if k in RULE_COLORS else "dense"
+
+
+def plot_ranking(findings: Sequence[Finding]) -> Plot | Missing:
+    """The findings shown, best first, by what they are ranked by: impact (score x FLOP share), or the
+    score when no FLOP share is known; a density panel beside it only when some tensor has zeros."""
+    from matplotlib.patches import Patch
+
+    title = "Findings by impact"
     shown = list(findings)[:MAX_ROWS]
     if not shown:
-        return None
+        return Missing("ranking", title, "no actionable finding to rank (`--all` lists every tensor)")
     multi = multi_run(findings)
     labels = [label(f, multi) for f in shown]
     y = np.arange(len(shown))
-    fig = _figure(9, 1.0 + 0.28 * len(shown))
-    ax_d, ax_s = fig.subplots(1, 2, sharey=True)
+    by_impact = any(f.impact is not None for f in shown)
     dens = [f.signals.get("density") for f in shown]
-    ax_d.barh(y, [d if d is not None else 0.0 for d in dens], color="#1f77b4")
-    ax_d.axvline(0.5, color="black", lw=0.8, ls=":")
-    ax_d.set_xlim(0, 1.05)
-    ax_d.set_xlabel("density = nnz / numel")
-    ax_d.set_yticks(y, labels, fontsize=8)
-    ax_d.invert_yaxis()
-    kinds = [("steps" if f.temporal and f.temporal.score > f.score else f.rule) for f in shown]
-    kinds = [k if k in RULE_COLORS else "dense" for k in kinds]
-    colors = [RULE_COLORS[k] for k in kinds]
-    ax_s.barh(y, [f.rank_score for f in shown], color=colors)
-    ax_s.set_xlim(0, 1.05)
-    ax_s.set_xlabel("score (the better of per-batch and across-steps)")
-    from matplotlib.patches import Patch
-
-    used = sorted(set(kinds), key=list(RULE_COLORS).index)
-    ax_s.legend(handles=[Patch(color=RULE_COLORS[r], label=r) for r in used], fontsize=7, loc="lower right")
-    caption = (
-        "Density (the dotted line is the sparse-GEMM threshold) and score per tapped tensor, best first; "
-        "'steps' marks a score that comes from the across-steps rules (memoize, delta, prepack)."
+    known = [d for d in dens if d is not None]
+    with_density = any(d < DENSE_ENOUGH for d in known)
+    fig = _figure(11 if with_density else 9, 1.4 + 0.3 * len(shown))
+    if with_density:
+        ax, ax_d = fig.subplots(1, 2, sharey=True, width_ratios=[2, 1])
+    else:
+        ax, ax_d = fig.add_subplot(), None
+    values = [(f.impact or 0.0) if by_impact else f.rank_score for f in shown]
+    kinds = [_kind(f) for f in shown]
+    ax.barh(y, values, color=[RULE_COLORS[k] for k in kinds])
+    top = max(max(values), 1e-9)
+    for yi, v, f in zip(y, values, shown):
+        saves = "" if f.saves is None else f", saves {100 * f.saves:.1f}%"
+        ax.text(v + 0.01 * top, yi, f"score {f.rank_score:.2f}{saves}", va="center", fontsize=7)
+    ax.set_xlim(0, top * 1.45)
+    ax.set_xlabel(
+        "impact = score x share of the model's FLOPs" if by_impact else "score (no FLOP shares known)"
     )
-    return Plot("density_score", "Density and score per site", caption, _png(fig))
+    ax.set_yticks(y, labels, fontsize=8)
+    ax.invert_yaxis()
+    used = sorted(set(kinds), key=list(RULE_COLORS).index)
+    names = {"steps": "across steps (prepack, memoize, delta)"}
+    ax.legend(handles=[Patch(color=RULE_COLORS[r], label=names.get(r, r)) for r in used], fontsize=7,
+              loc="lower right", title="rule", title_fontsize=7)  # fmt: skip
+    if ax_d is not None:
+        ax_d.barh(y, [d if d is not None else 0.0 for d in dens], color="#1f77b4")
+        ax_d.axvline(0.5, color="black", lw=0.8, ls=":", label="sparse-GEMM threshold")
+        ax_d.set_xlim(0, 1.05)
+        ax_d.set_xlabel("density = nnz / numel")
+        ax_d.set_title("density", fontsize=9)
+        ax_d.legend(fontsize=7, loc="lower right")
+    fig.suptitle(f"Findings, best first: ranked by {'impact' if by_impact else 'score'}", fontsize=10)
+    caption = (
+        "Each bar is one finding, in the report's order; its length is what the order follows "
+        + (
+            "(score x the site's share of the model's FLOPs)"
+            if by_impact
+            else "(the score: no FLOP shares known)"
+        )
+        + "; 'steps' marks a score from the across-steps rules (memoize, delta, prepack). "
+    )
+    if not known:
+        caption += "Density is not shown: the nnz sketch was not recorded."
+    elif not with_density:
+        caption += (
+            f"Density is not drawn: every finding shown has density >= {DENSE_ENOUGH:g} (no zeros to skip)."
+        )
+    else:
+        caption += "Right: density, the dotted line the sparse-GEMM threshold."
+    return Plot("ranking", title, caption, _png(fig))
 
 
-def plot_roofline(costs: Costs, findings: Sequence[Finding]) -> Plot | None:
-    """The analyzer's ops on a roofline: FLOPs against arithmetic intensity, sites marked."""
+def roof_points(records: Sequence[dict], device: Device) -> list[RoofPoint]:
+    """The priced ops (flops > 0, bytes > 0, both finite) at their attainable FLOP/s on `device`."""
     pts = []
-    for r in costs.ops:
+    for r in records:
         try:
-            fl, ai = float(r.get("flops")), float(r.get("intensity"))
+            fl, nb = float(r.get("flops")), float(r.get("bytes"))
         except (TypeError, ValueError):
             continue
-        if np.isfinite(fl) and np.isfinite(ai) and fl > 0 and ai > 0:
-            pts.append((ai, fl, str(r.get("roofline") or "unknown"), str(r.get("node") or "")))
+        if math.isfinite(fl) and math.isfinite(nb) and fl > 0 and nb > 0:
+            ai = fl / nb
+            pts.append(RoofPoint(str(r.get("node") or r.get("site") or ""), str(r.get("op_type") or ""), fl, nb,
+                                 ai, attainable(ai, device)))  # fmt: skip
+    return pts
+
+
+def _labelled(pts: list[RoofPoint], sites: set[str]) -> list[tuple[RoofPoint, str]]:
+    """Points to name, in intensity order: those of sites with findings, then the top ops by FLOPs, one
+    label per position ('q_proj/matmul +3 more': four ops at the same point)."""
+    order = sorted(pts, key=lambda p: (p.node not in sites, -p.flops))
+    groups: dict[tuple, list[RoofPoint]] = {}
+    for p in order:
+        groups.setdefault((round(math.log10(p.intensity), 3), round(math.log10(p.attainable), 3)), []).append(
+            p
+        )
+    out = []
+    for members in list(groups.values())[:ROOF_LABELS]:
+        names = ["/".join(p.node.split("/")[-2:]) for p in members]
+        text = (
+            ", ".join(names)
+            if len(names) == 2
+            else names[0] + (f" +{len(names) - 1} more" if len(names) > 2 else "")
+        )
+        out.append((members[0], _short(text, 40)))
+    return sorted(out, key=lambda pt: pt[0].intensity)
+
+
+def roofline_figure(roof: Roofline, findings: Sequence[Finding]) -> Figure | Missing:
+    """The figure of `plot_roofline` (the points are its scatter collections), or a `Missing` when no op
+    has known FLOPs and bytes."""
+    from matplotlib.ticker import EngFormatter
+
+    dev = roof.device
+    pts = roof_points(roof.records, dev)
     if not pts:
-        return None
-    fig = _figure(7, 4.5)
+        return Missing("roofline", ROOFLINE, f"no op priced at {roof.shapes} has known FLOPs and bytes")
+    total = sum(p.flops for p in pts)
+    fig = _figure(8.5, 5.5)
     ax = fig.add_subplot()
-    palette = {"compute": "#d62728", "memory": "#1f77b4"}
-    for cls in sorted({p[2] for p in pts}):
-        sel = [p for p in pts if p[2] == cls]
-        ax.scatter([p[0] for p in sel], [p[1] for p in sel], s=14, alpha=0.7, label=cls,
-                   color=palette.get(cls.split("-")[0], "#7f7f7f"))  # fmt: skip
-    sites = {f.site for f in findings if f.rule != "dense" or (f.temporal and f.temporal.rule != "drifting")}
-    marked = [p for p in pts if p[3] in sites]
+    xs = [p.intensity for p in pts]
+    lo, hi = min(min(xs), dev.ridge) / 4, max(max(xs), dev.ridge) * 4
+    grid = np.geomspace(lo, hi, 256)
+    ax.plot(grid[grid <= dev.ridge], dev.bandwidth * grid[grid <= dev.ridge], color="#1f77b4", lw=1.6,
+            label=f"memory roof: {dev.bandwidth / 1e9:.4g} GB/s x intensity")  # fmt: skip
+    ax.plot([dev.ridge, hi], [dev.peak_flops] * 2, color="#d62728", lw=1.6,
+            label=f"compute roof: {dev.peak_flops / 1e12:.4g} TFLOP/s ({dev.dtype})")  # fmt: skip
+    ax.axvline(dev.ridge, color="black", lw=0.7, ls=":", label=f"ridge: {dev.ridge:.3g} FLOP/byte")
+    for bound, color in (("memory-bound op", "#1f77b4"), ("compute-bound op", "#d62728")):
+        sel = [p for p in pts if (p.intensity >= dev.ridge) == bound.startswith("compute")]
+        if sel:
+            ax.scatter([p.intensity for p in sel], [p.attainable for p in sel], color=color, alpha=0.6,
+                       s=[16 + 300 * math.sqrt(p.flops / total) for p in sel], label=bound, zorder=3)  # fmt: skip
+    sites = {f.site for f in findings if f.actionable}
+    marked = [p for p in pts if p.node in sites]
     if marked:
-        ax.scatter([p[0] for p in marked], [p[1] for p in marked], s=60, facecolors="none", edgecolors="black",
-                   label="site with a finding")  # fmt: skip
-    if costs.ridge:
-        ax.axvline(costs.ridge, color="black", lw=0.8, ls=":", label=f"ridge {costs.ridge:.3g} FLOP/B")
+        ax.scatter([p.intensity for p in marked], [p.attainable for p in marked], s=110, facecolors="none",
+                   edgecolors="black", lw=1.2, label="site with a finding", zorder=4)  # fmt: skip
+    for k, (p, text) in enumerate(_labelled(pts, sites)):  # neighbours on opposite sides of the roof
+        above = k % 2 == 0
+        ax.annotate(text, (p.intensity, p.attainable), xytext=(-8, 14) if above else (8, -16),
+                    textcoords="offset points", ha="right" if above else "left", fontsize=7,
+                    arrowprops={"arrowstyle": "-", "lw": 0.5, "color": "#555"})  # fmt: skip
     ax.set_xscale("log")
     ax.set_yscale("log")
-    xs = [p[0] for p in pts] + ([costs.ridge] if costs.ridge else [])
-    ys = [p[1] for p in pts]
-    ax.set_xlim(min(xs) / 3, max(xs) * 3)  # context around the points even for a single op
-    ax.set_ylim(min(ys) / 3, max(ys) * 3)
+    ax.set_xlim(lo, hi)
+    ys = [p.attainable for p in pts]
+    ax.set_ylim(min(ys) / 10, dev.peak_flops * 3)
+    ax.yaxis.set_major_formatter(EngFormatter(unit="FLOP/s"))
     ax.set_xlabel("arithmetic intensity (FLOP / byte)")
-    ax.set_ylabel("FLOPs")
-    ax.legend(fontsize=7)
+    ax.set_ylabel("attainable performance (FLOP/s)")
+    ax.set_title(f"Roofline on {dev.name} ({dev.dtype}), {len(pts)} ops at {roof.shapes}", fontsize=10)
+    ax.legend(fontsize=7, loc="lower right")
+    ax.grid(True, which="major", lw=0.3, alpha=0.5)
+    return fig
+
+
+def plot_roofline(roof: Roofline | str, findings: Sequence[Finding]) -> Plot | Missing:
+    """The priced ops on the device's roofline: x intensity (FLOP/byte), y attainable FLOP/s."""
+    if isinstance(roof, str):
+        return Missing("roofline", ROOFLINE, roof)
+    fig = roofline_figure(roof, findings)
+    if isinstance(fig, Missing):
+        return fig
+    dev = roof.device
     caption = (
-        "Every op the analyzer priced; left of the ridge an op is memory-bound, right of it compute-bound."
+        f"Each point is one op the analyzer priced at {roof.shapes}, drawn at the most its device can do at its "
+        "intensity, min(peak, bandwidth x intensity); the area of a point is its share of the model's FLOPs. "
+        f"Left of the ridge an op is memory-bound, right of it compute-bound. Device: {dev.source}."
     )
-    return Plot("roofline", "Roofline (static analysis)", caption, _png(fig))
+    return Plot("roofline", ROOFLINE, caption, _png(fig))
 
 
-def make_plots(
-    findings: Sequence[Finding], series: list[Series], costs: Costs, cfg: MineConfig
-) -> list[Plot]:
+def make_plots(findings: Sequence[Finding], series: list[Series], cfg: MineConfig,
+               roofline: Roofline | str | None = None, shown: Sequence[Finding] | None = None) -> list[Plot | Missing]:  # fmt: skip
+    """Every plot of the report, in page order; `shown`: the findings the ranking plot draws (default:
+    the actionable ones); `roofline`: what to draw it from, or the reason it cannot be drawn."""
     by_key = {_key(s): s for s in series}
-    plots = [
+    if roofline is None:
+        roofline = (
+            "no costs with per-op FLOPs and bytes (give --costs: `opscope analyze MODEL --format json`)"
+        )
+    return [
         plot_histograms(findings, by_key),
         plot_channels(findings, by_key, cfg),
-        plot_density_score(findings),
-        plot_roofline(costs, findings),
+        plot_ranking(shown if shown is not None else [f for f in findings if f.actionable]),
+        plot_roofline(roofline, findings),
     ]
-    return [p for p in plots if p is not None]
