@@ -3,6 +3,8 @@ says when a rule's sketches were not recorded."""
 
 from __future__ import annotations
 
+from dataclasses import replace
+
 import numpy as np
 import pytest
 from conftest import real_model_path
@@ -38,7 +40,10 @@ def test_exact_histograms_are_counted_on_the_host_on_cpu_only():
     gpu = ["CUDAExecutionProvider", "CPUExecutionProvider"]
     assert sk.for_providers(exact, gpu).exact_counts == "graph"
     sampled = sk.SketchOptions()
-    assert sk.for_providers(sampled, ["CPUExecutionProvider"]) == sampled
+    cpu = sk.for_providers(sampled, ["CPUExecutionProvider"])
+    assert cpu == replace(sampled, copy_out_max=sampled.sample_size)  # small tensors copied out on CPU only
+    assert sk.for_providers(sampled, gpu).copy_out_max == 0
+    assert sk.for_providers(replace(sampled, copy_out_max=100), gpu).copy_out_max == 100  # a choice stays
     with pytest.raises(ValueError, match="exact_counts"):
         sk.SketchOptions(exact_counts="device")
 

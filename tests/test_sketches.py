@@ -41,6 +41,7 @@ from onnx_opscope.sites import Selection
 from onnx_opscope.sketch.channels import outlier_ratio
 from onnx_opscope.sketch.context import SAMPLE_BLOCK
 
+GRAPH = sk.SketchOptions(copy_out_max=0)  # taps built in the graph; copied-out taps: test_copy_out.py
 CFG = RuntimeConfig(graph_opt="disable")
 
 
@@ -74,7 +75,7 @@ def run_all(model, feeds, config: RuntimeConfig = CFG, base_dir=None) -> dict[st
 @functools.cache
 def instrumented_real(name: str) -> tuple[onnx.ModelProto, Manifest]:
     """The real model `name` with every site tapped by the default sketches, injected once per session."""
-    return inject(real_model_path(name), None, ["all"])
+    return inject(real_model_path(name), None, ["all"], GRAPH)
 
 
 @functools.cache
@@ -301,7 +302,7 @@ GENERATED = ["transformer_block", "cnn", "gru", "quantized", "bool_int_inputs", 
 def test_default_sketches_match_reference_on_generated_models(name):
     model = zoo.build(name)
     feeds = zoo.example_feeds(name, model=model)
-    inst, manifest = inject(model, None, ["all"])
+    inst, manifest = inject(model, None, ["all"], GRAPH)
     compared, _ = check_main_graph(model, feeds, manifest, run_all(inst, feeds))
     assert compared > 0
 
@@ -313,7 +314,7 @@ def test_bert_like_float32_min_mask():
     mask = np.ones((2, 16), np.int64)
     mask[1, 10:] = 0
     feeds = {"input_ids": ids, "attention_mask": mask}
-    inst, manifest = inject(model, None, ["all"])
+    inst, manifest = inject(model, None, ["all"], GRAPH)
     outs = run_all(inst, feeds)
     compared, _ = check_main_graph(model, feeds, manifest, outs)
     assert compared > 0
@@ -326,7 +327,7 @@ def test_loop_body_taps_merge_per_iteration():
     """Loop body taps come back once per iteration and merge with each sketch's rule (inject.py)."""
     model = zoo.build("loop")
     feeds = zoo.example_feeds("loop", model=model)
-    inst, manifest = inject(model, None, ["all"])
+    inst, manifest = inject(model, None, ["all"], GRAPH)
     outs = run_all(inst, feeds)
     opts = manifest.sketch_options()
     taps = [t for t in manifest.taps if t.graph == "loop/body"]
@@ -375,14 +376,16 @@ def test_loop_body_taps_merge_per_iteration():
 
 
 HIST_OPTIONS = [
-    sk.SketchOptions(hist_mode="sampled"),
-    sk.SketchOptions(hist_mode="sampled", sample_size=100),
-    sk.SketchOptions(hist_mode="exact"),
-    sk.SketchOptions(hist_mode="host"),
-    sk.SketchOptions(hist_mode="exact", hist_range=(-0.5, 2.0), hist_bins=10),
-    sk.SketchOptions(hist_mode="sampled", hist_range=(-1.0, 1.0)),
-    sk.SketchOptions(hist_mode="exact", exact_counts="host"),
-    sk.SketchOptions(hist_mode="exact", exact_counts="host", hist_range=(-0.5, 2.0), hist_bins=10),
+    sk.SketchOptions(copy_out_max=0, hist_mode="sampled"),
+    sk.SketchOptions(copy_out_max=0, hist_mode="sampled", sample_size=100),
+    sk.SketchOptions(copy_out_max=0, hist_mode="exact"),
+    sk.SketchOptions(copy_out_max=0, hist_mode="host"),
+    sk.SketchOptions(copy_out_max=0, hist_mode="exact", hist_range=(-0.5, 2.0), hist_bins=10),
+    sk.SketchOptions(copy_out_max=0, hist_mode="sampled", hist_range=(-1.0, 1.0)),
+    sk.SketchOptions(copy_out_max=0, hist_mode="exact", exact_counts="host"),
+    sk.SketchOptions(
+        copy_out_max=0, hist_mode="exact", exact_counts="host", hist_range=(-0.5, 2.0), hist_bins=10
+    ),
 ]
 # ppocrv4_rec is opset 12 (the exact histogram counts with Unique), captcha_crnn opset 17 (ScatterElements)
 HIST_CASES = [("ppocrv4_rec", o) for o in HIST_OPTIONS] + [
@@ -441,7 +444,7 @@ def test_exact_hist_on_opset11_counts_with_unique():
     """ScatterElements(reduction=add) needs opset 16: at opset 11 the exact histogram uses Unique's counts."""
     model = onnx.load(generated_model_path("opset11_mlp"))
     assert model.opset_import[0].version == 11 and model.ir_version == 6
-    opts = sk.SketchOptions(hist_mode="exact")
+    opts = sk.SketchOptions(copy_out_max=0, hist_mode="exact")
     inst, manifest = inject(model, None, ["all"], opts)
     ops = {n.op_type for n in _all_nodes(inst)}
     assert "Unique" in ops
@@ -480,7 +483,7 @@ def matmul_model(
 
 def sketch_values(model, x: np.ndarray, opts: sk.SketchOptions | None = None):
     """(per tensor name: sketch values, the tensors' true values) with every default sketch on x, W, y."""
-    opts = opts or sk.SketchOptions(hist_mode="exact")
+    opts = opts or sk.SketchOptions(copy_out_max=0, hist_mode="exact")
     inst, manifest = inject(model, None, ["all"], opts)
     outs = run_all(inst, {"x": x})
     values = tensor_values(model, ["x", "W", "y"], {"x": x})
@@ -607,7 +610,7 @@ def test_constant_taps_with_non_finite_weights():
     w = (np.arange(32).reshape(8, 4) % 5 - 2).astype(np.float32)
     w[0, 0], w[3, 2], w[5, 1] = np.nan, np.inf, BIG
     model = matmul_model(weight=w)
-    inst, manifest = inject(model, None, ["all"], sk.SketchOptions(hist_mode="exact"))
+    inst, manifest = inject(model, None, ["all"], sk.SketchOptions(copy_out_max=0, hist_mode="exact"))
     w_tap, x_tap = (next(t for t in manifest.taps if t.tensor == n) for n in ("W", "x"))
     assert w_tap.constant and not x_tap.constant
     assert w_tap.outputs == {} and w_tap.numel == 32 and w_tap.rank == 2 and x_tap.outputs

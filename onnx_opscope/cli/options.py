@@ -374,6 +374,15 @@ def add_sketch_arguments(parser: argparse.ArgumentParser) -> None:
         help="fixed histogram range instead of x/max|x| over [-1, 1]",
     )
     s.add_argument(
+        "--copy-out-max",
+        type=int,
+        default=None,
+        metavar="N",
+        help="tensors of at most N elements (at the first batch's shapes) come back whole and are sketched on "
+        "the host, all of a batch's in one numpy pass: a tap's nodes cost ~40 us in the graph however small the "
+        "tensor (default: 4096 on the CPU provider, off elsewhere; 0: never; at most 4096)",
+    )
+    s.add_argument(
         "--placement",
         choices=PLACEMENTS,
         default="producer",
@@ -397,7 +406,12 @@ def sketch_options_from_args(args: argparse.Namespace) -> SketchOptions:
     if args.hist_bins < 1:
         raise OpscopeError(f"--hist-bins {args.hist_bins}: expected at least 1")
     try:
-        return SketchOptions(hist_bins=args.hist_bins, hist_range=hist_range, hist_mode=args.hist_mode)
+        return SketchOptions(
+            hist_bins=args.hist_bins,
+            hist_range=hist_range,
+            hist_mode=args.hist_mode,
+            copy_out_max=getattr(args, "copy_out_max", None),
+        )
     except ValueError as exc:
         raise OpscopeError(str(exc)) from None
 

@@ -1,7 +1,8 @@
 """Decoding: one run's outputs of an instrumented model -> sketch values per tap -> tidy rows.
 
 A tap whose subgraph did not run (an If branch not taken) returns an empty shape and is left
-out. A tap inside a Loop or Scan body comes back once per iteration, stacked on leading axes,
+out. A copied tap (`TapRecord.copied`: a small main-graph tensor) returns the tensor itself; all
+of a run's are sketched together on the host (`sketch.batched_references`). A tap inside a Loop or Scan body comes back once per iteration, stacked on leading axes,
 and its iterations are merged with each sketch's own rule (`sketch.merge_parts`). Weight taps
 (`TapRecord.constant`) have no outputs: their values come from `host.host_values`, computed
 once, and follow the graph they are in (left out when its other taps say it did not run).
@@ -33,6 +34,9 @@ def decode_tap(
             f"tap {tap.id} ({tap.tensor!r}) is a weight: it has no graph outputs to decode",
             hint="its values come from host_values(); decode() and decode_taps() take them as host=",
         )
+    if tap.copied:  # the tensor itself: its sketches are the numpy references
+        x = np.asarray(raw_out[tap.outputs["tensor"]])
+        return sk.references(tap.sketches, x, tap.info(), opts), list(x.shape)
     parts = _split_iterations(tap, raw_out)
     if not parts:
         return {}, None
@@ -117,7 +121,12 @@ def decode_taps(
             hint="host_values reads the weights once from the source or the instrumented model",
         )
     opts = manifest.sketch_options()
-    decoded = {t.id: decode_tap(t, outputs, opts) for t in manifest.taps if not t.constant}
+    decoded = {t.id: decode_tap(t, outputs, opts) for t in manifest.taps if not (t.constant or t.copied)}
+    copied = [t for t in manifest.taps if t.copied]
+    if copied:  # all together: one numpy pass per statistic over every copied tensor of the run
+        arrays = [np.asarray(outputs[t.outputs["tensor"]]) for t in copied]
+        values = sk.batched_references([t.sketches for t in copied], arrays, [t.info() for t in copied], opts)
+        decoded.update({t.id: (v, list(a.shape)) for t, a, v in zip(copied, arrays, values)})
     if not const:
         return decoded
     ran: dict[str, bool] = {}  # graph -> whether its live taps ran (they all run, or none)

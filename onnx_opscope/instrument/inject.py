@@ -26,12 +26,15 @@ naive instrumentation does: it keeps intermediates alive to the end of the run).
 
 from __future__ import annotations
 
+import math
 import os
-from dataclasses import dataclass, field
+import re
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import NamedTuple
 
-from onnx import ModelProto, NodeProto
+from onnx import ModelProto, NodeProto, helper
 
 from .. import sketch as sk
 from ..errors import OpscopeError
@@ -51,6 +54,7 @@ from ..graph.io import (
 from ..graph.opset import MIN_TAP_OPSET
 from ..graph.wire import Chunk, splice
 from ..shapes import ShapeTable, infer_shapes
+from ..shapes.symbolic import evaluate
 from ..sites import SHADOW_SUFFIX, Selection, Site, find_sites, select
 from .manifest import Manifest, TapRecord, manifest_path_for
 from .plan import plan_taps, tensor_type
@@ -59,6 +63,9 @@ from .shadow import build_shadow
 from .templates import TapTemplates
 
 PLACEMENTS = ("producer", "end")
+CPU = "CPUExecutionProvider"
+# the shapes of the batches the model will run on, or how to get them from the (weightless) model
+InputShapes = Mapping[str, Sequence[int]] | Callable[[ModelProto], Mapping[str, Sequence[int]]]
 
 Inserts = dict[str, dict[int, list[NodeProto | Chunk]]]  # graph path -> position -> nodes after it
 
@@ -90,6 +97,7 @@ def inject(
     options: sk.SketchOptions | None = None,
     placement: str = "producer",
     providers: list[str] | None = None,
+    input_shapes: InputShapes | None = None,
 ) -> Instrumented:
     """Instrument `model`: returns (a new instrumented ModelProto, its Manifest); the input is not changed.
 
@@ -98,8 +106,14 @@ def inject(
     they are: save the result with `save_model(..., base_dir=<source folder>)`.
     `providers`: the onnxruntime providers the model will run on (None: CPU); taps on QDQ
     models adapt to what their graph optimizers do (`instrument.qdq`).
+    `input_shapes`: the input shapes of the batches it will run on (a mapping, or a function of the
+    weightless model giving one): a main-graph tensor of at most `options.copy_out_max` elements
+    at those shapes (or static ones) is copied out whole and sketched on the host at decode.
     """
     options = options or sk.SketchOptions()
+    if options.copy_out_max is None:
+        cpu = all(p == CPU for p in providers or [CPU])
+        options = replace(options, copy_out_max=options.sample_size if cpu else 0)
     if placement not in PLACEMENTS:
         raise OpscopeError(f"placement must be one of {PLACEMENTS}, not {placement!r}")
     names = sk.resolve(sketches)
@@ -109,6 +123,8 @@ def inject(
     site_records, taps = plan_taps(target.sites, names, target.table, target.index)
     if converts_s8_to_u8(providers):
         unsigned_pairs(target.index, taps, target.constants)
+    if options.copy_out_max:
+        mark_copied(taps, target.table, options.copy_out_max, _shapes_of(input_shapes, target))
     inserts = build(target, taps, options, placement)
     expose_all(target, taps, options)
     splice_all(target.index, inserts)
@@ -174,6 +190,45 @@ def sites_of(model: ModelLike, sites: list[Site] | Selection | None = None) -> l
     return _choose(light, infer_shapes(light), sites)
 
 
+def _shapes_of(input_shapes: InputShapes | None, target: _Target) -> Mapping[str, Sequence[int]]:
+    if input_shapes is None:
+        return {}
+    if callable(input_shapes):
+        return input_shapes(without_weight_data(target.model))
+    return input_shapes
+
+
+def mark_copied(
+    taps: list[TapRecord], table: ShapeTable, limit: int, input_shapes: Mapping[str, Sequence[int]]
+) -> None:
+    """Mark the taps copied out whole: main-graph activations (no weight, no QDQ read, no shadow
+    softmax) of at most `limit` elements at `input_shapes`, every sketch of which has a reference."""
+    where = (re.fullmatch(r"(.*)\[(\d+)\]", w) for w in table.symbols.values())
+    values = {}
+    for sym, m in zip(table.symbols, where):
+        shape = input_shapes.get(m.group(1)) if m else None
+        if shape is not None and int(m.group(2)) < len(shape):
+            values[sym] = int(shape[int(m.group(2))])
+    for tap in taps:
+        if (
+            tap.constant or tap.graph or tap.dequant is not None or not tap.sketches or tap.rank is None
+            or tap.tensor.endswith(SHADOW_SUFFIX) or any(sk.REGISTRY[n].reference is None for n in tap.sketches)
+        ):  # fmt: skip
+            continue
+        numel = tap.numel if tap.numel is not None else _numel_at(table.shape(tap.tensor), values)
+        tap.copied = numel is not None and numel <= limit
+
+
+def _numel_at(shape: tuple | None, values: Mapping[str, int]) -> int | None:
+    """The element count of a (symbolic) shape with its symbols set to `values`; None if it stays unknown."""
+    if shape is None:
+        return None
+    dims = [evaluate(d, values) for d in shape]
+    if not all(isinstance(d, int | float) and float(d).is_integer() for d in dims):
+        return None
+    return math.prod(int(d) for d in dims)
+
+
 def build(target: _Target, taps: list[TapRecord], options: sk.SketchOptions, placement: str) -> Inserts:
     """Build the nodes of every live tap (and of the shadow softmaxes they read); returns where they go.
 
@@ -201,7 +256,11 @@ def build(target: _Target, taps: list[TapRecord], options: sk.SketchOptions, pla
         if tap.dequant is not None:  # QDQ: dequantize a copy of the quantized tensor (sites.qdq)
             source, prelude = _dequantize(target, k, tap)
             reads += [n for n in (tap.dequant["scale"], tap.dequant["zero_point"]) if n]
-        nodes, tap.outputs = templates.build(f"opscope_t{k}_", source, tap.info(), tap.sketches)
+        if tap.copied:  # the tensor itself, under a name of ours (it may be an input or an output already)
+            copy = target.names.fresh(f"opscope_t{k}_tensor")
+            nodes, tap.outputs = [helper.make_node("Identity", [source], [copy], name=copy)], {"tensor": copy}
+        else:
+            nodes, tap.outputs = templates.build(f"opscope_t{k}_", source, tap.info(), tap.sketches)
         if placement == "end":
             pos = len(entry.graph.node) - 1
         else:
@@ -222,6 +281,11 @@ def expose_all(target: _Target, taps: list[TapRecord], options: sk.SketchOptions
     """Make every raw output of every tap a model output; fills `outputs` with the model-level names
     and `stacked` with the Loop / Scan levels each tap's outputs gained."""
     for tap in taps:
+        if tap.copied:
+            tap.outputs["tensor"], tap.stacked = expose(
+                target.index, tap.graph, tap.outputs["tensor"], tap.elem_type, tap.rank, target.names
+            )
+            continue
         chosen = [sk.REGISTRY[n] for n in tap.sketches]
         for raw, name in list(tap.outputs.items()):
             tap.outputs[raw], tap.stacked = expose(

@@ -48,6 +48,9 @@ class TapRecord:
     # QDQ models: `tensor` is quantized and read through DequantizeLinear(tensor, scale, zero_point,
     # **attrs) in `domain` (sites.qdq); the sketches describe the dequantized values. None: as is.
     dequant: dict | None = None
+    # copied out whole (its one output "tensor" is the tensor itself), sketched on the host at decode
+    # (`sketch.batched_references`): a small tensor costs less that way than a tap's nodes in the graph
+    copied: bool = False
 
     def info(self) -> TapInfo:
         return TapInfo(self.rank, self.elem_type, self.channel_axis, self.seq_axis, self.bins)

@@ -12,7 +12,15 @@
 """
 
 from .engine import Engine
-from .feeds import DISTRIBUTIONS, FeedSpec, input_signature, iter_feeds, load_data, synthetic_feeds
+from .feeds import (
+    DISTRIBUTIONS,
+    FeedSpec,
+    first_batch_shapes,
+    input_signature,
+    iter_feeds,
+    load_data,
+    synthetic_feeds,
+)
 from .kernels import KernelChange, KernelChangeWarning, keep_kernels
 from .parity import parity, parity_models, parity_providers, validate_skips
 from .recorder import RecordResult, record
@@ -32,6 +40,7 @@ __all__ = [
     "RuntimeConfig",
     "input_signature",
     "iter_feeds",
+    "first_batch_shapes",
     "keep_kernels",
     "load_data",
     "make_session",

@@ -719,6 +719,17 @@ def synthetic_feeds(model: ModelLike, spec: FeedSpec | None = None, step: int = 
     return _draw(_plans(model, spec), spec.dist, spec.seed, step)
 
 
+def first_batch_shapes(model: ModelLike, spec: FeedSpec | None = None) -> dict[str, list[int]]:
+    """The input shapes of the first batch `iter_feeds(model, spec)` gives, without drawing it
+    (synthetic) or reading past the first batch (data). What `inject` sizes its taps by."""
+    spec = spec or FeedSpec()
+    if spec.data is None:
+        known = [s for s in input_signature(model) if s.dims is not None or s.name in spec.shapes]
+        return resolve_shapes(known, spec.shapes, spec.dims)
+    first = next(iter(load_data(spec.data, model)), None)
+    return {name: list(np.shape(v)) for name, v in (first or {}).items()}
+
+
 def iter_feeds(
     model: ModelLike, spec: FeedSpec | None = None, batches: int | None = None
 ) -> Iterator[dict[str, np.ndarray]]:

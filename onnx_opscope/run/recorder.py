@@ -22,6 +22,7 @@ from collections.abc import Callable, Iterable, Iterator
 from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import asdict, dataclass, field
 from datetime import datetime, timezone
+from functools import partial
 from pathlib import Path
 
 import numpy as np
@@ -35,7 +36,7 @@ from ..graph.io import ModelLike
 from ..instrument import HostValues, Manifest, Rows, decode, host_values, inject
 from ..sites import Selection, Site
 from .engine import Engine, run_batches, sessions_for
-from .feeds import DEFAULT_BATCHES, FeedSpec, describe_feeds, iter_feeds
+from .feeds import DEFAULT_BATCHES, FeedSpec, describe_feeds, first_batch_shapes, iter_feeds
 from .kernels import checked_sites
 from .session import RuntimeConfig, for_tapped, make_session, resolve_providers, run
 from .table import (
@@ -235,7 +236,7 @@ def record(
     providers = _providers_quietly(runtime)
     options = sk.for_providers(options or sk.SketchOptions(), providers)
     instrumented, manifest = _instrument(
-        model, sites, sketches, options, placement, providers, runtime, base_dir
+        model, sites, sketches, options, placement, providers, runtime, base_dir, feeds
     )
     batches = iter_feeds(instrumented, feeds)  # the feed options, checked against the model before any run
     # One copy of the model in memory: the instrumented one also gives the feeds' signature and
@@ -348,12 +349,14 @@ def _parity_gate(model: ModelLike, runtime: RuntimeConfig, base_dir: str | os.Pa
 
 def _instrument(model: ModelLike, sites: list[Site] | Selection | None, sketches: list[str] | None,
                 options: sk.SketchOptions, placement: str, providers: list[str], runtime: RuntimeConfig,
-                base_dir: str | os.PathLike | None) -> tuple[ModelProto, Manifest]:  # fmt: skip
+                base_dir: str | os.PathLike | None, feeds: FeedSpec) -> tuple[ModelProto, Manifest]:  # fmt: skip
     """`inject`, without the taps that would change onnxruntime's integer kernels (`run.kernels`): each
-    one left out is a warning and an entry of the manifest's (and run.json's) `left_out`."""
+    one left out is a warning and an entry of the manifest's (and run.json's) `left_out`. Taps are
+    sized at the first batch's shapes (small tensors are copied out whole, `SketchOptions.copy_out_max`)."""
 
     def build(chosen: list[Site] | Selection | None) -> tuple[ModelProto, Manifest]:
-        return inject(model, chosen, sketches, options, placement, providers)
+        shapes = partial(first_batch_shapes, spec=feeds)
+        return inject(model, chosen, sketches, options, placement, providers, input_shapes=shapes)
 
     sites, left_out = checked_sites(model, sites, runtime, base_dir, lambda chosen: build(chosen).model)
     instrumented, manifest = build(sites)

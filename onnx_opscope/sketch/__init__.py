@@ -29,6 +29,7 @@ import numpy as np
 from ..errors import OpscopeError, did_you_mean, listing
 from .attention import ATTN_KRECV, ATTN_QMAX
 from .base import FINITE, OUTER, OnFinite, Raw, Sketch, Tolerance, finite_values
+from .batched import segmented
 from .channels import CHAN_MAXABS, CHAN_OUTLIER
 from .histogram import ELEMSIG, HIST, sample_positions
 from .merge import Derived, Merge
@@ -132,6 +133,24 @@ def references(names: Sequence[str], x: np.ndarray, info: TapInfo, o: SketchOpti
     return out
 
 
+def batched_references(
+    names: Sequence[Sequence[str]], arrays: Sequence[np.ndarray], infos: Sequence[TapInfo], o: SketchOptions
+) -> list[dict[str, np.ndarray]]:
+    """`references(names[i], arrays[i], infos[i], o)` for every i, the segmented sketches of all the
+    small tensors computed together (`batched`); the rest tensor by tensor."""
+    small = [i for i, a in enumerate(arrays) if 0 < a.size <= o.sample_size]
+    out: list[dict[str, np.ndarray]] = [{} for _ in arrays]
+    if small:
+        together = segmented([arrays[i] for i in small], {n for i in small for n in names[i]}, o)
+        for j, i in enumerate(small):
+            out[i] = {n: together[n][j] for n in names[i] if n in together}
+    for i, a in enumerate(arrays):
+        rest = [n for n in names[i] if n not in out[i]]
+        if rest:
+            out[i].update(references(rest, a, infos[i], o))
+    return out
+
+
 def with_sources(names: Sequence[str]) -> list[str]:
     """`names` plus the sources of its derived sketches (what merging them needs), in registry order."""
     need = set(names) | {r.source for n in names if isinstance(r := REGISTRY[n].merge, Derived)}
@@ -176,6 +195,7 @@ __all__ = [
     "finalize",
     "for_opset",
     "for_providers",
+    "batched_references",
     "merge_parts",
     "raw_dtype",
     "raw_rank",

@@ -26,6 +26,12 @@ class SketchOptions:
     elemsig_k: int = 16
     max_rows: int = 512  # pos_sumsq / adj_sumsq keep at most this many rows (evenly strided)
     adj_pairs: int = 32  # adj_sumsq: adjacent pairs per sequence, evenly spaced along the row axis
+    # Taps on tensors of at most this many elements (at the shapes `inject` is told to expect) are
+    # copied out whole and sketched on the host, all of a batch's together (`sketch.batched`): in
+    # the graph a tap's ~35 nodes cost ~40 µs however small the tensor. None: `for_providers`
+    # decides (sample_size on the CPU provider, whose outputs are not copied; 0 elsewhere, where it
+    # is not measured yet); 0: never. At most sample_size, where the sample is the whole tensor.
+    copy_out_max: int | None = None
 
     def __post_init__(self):
         if self.hist_mode not in HIST_MODES:
@@ -34,6 +40,10 @@ class SketchOptions:
             raise ValueError(f"exact_counts must be 'graph' or 'host', not {self.exact_counts!r}")
         if self.hist_range is not None and not self.hist_range[0] < self.hist_range[1]:
             raise ValueError(f"hist_range needs lo < hi, got {self.hist_range}")
+        if self.copy_out_max is not None and not 0 <= self.copy_out_max <= self.sample_size:
+            raise ValueError(
+                f"copy_out_max must be in [0, sample_size={self.sample_size}], not {self.copy_out_max}"
+            )
 
     def to_dict(self) -> dict:
         d = {k: getattr(self, k) for k in self.__dataclass_fields__}
@@ -51,10 +61,13 @@ class SketchOptions:
 
 def for_providers(o: SketchOptions, providers: list[str]) -> SketchOptions:
     """`o` as it should run on `providers`: exact histograms are counted on the host when the
-    CPU provider runs everything (bert_like: 14.8x plain in the graph, see BENCHMARKS.md)."""
+    CPU provider runs everything (bert_like: 14.8x plain in the graph, see BENCHMARKS.md), and
+    small tensors copied out whole there (`copy_out_max`)."""
     cpu_only = all(p == "CPUExecutionProvider" for p in providers)
     if o.hist_mode == "exact" and cpu_only and o.exact_counts == "graph":
-        return replace(o, exact_counts="host")
+        o = replace(o, exact_counts="host")
+    if o.copy_out_max is None:
+        o = replace(o, copy_out_max=o.sample_size if cpu_only else 0)
     return o
 
 

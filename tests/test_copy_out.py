@@ -1,0 +1,145 @@
+"""Copied-out taps: small main-graph tensors come back whole and are sketched on the host, all of a
+batch's together (`sketch.batched_references`). Checked against the per-tensor numpy references on
+real tensors and edge cases, and against the taps built in the graph on real models."""
+
+from __future__ import annotations
+
+import numpy as np
+import onnx
+import pytest
+from conftest import real_model_path
+from onnx import TensorProto
+
+from onnx_opscope import sketch as sk
+from onnx_opscope import zoo
+from onnx_opscope.instrument import decode_tap, host_values, inject
+from onnx_opscope.run import FeedSpec, RuntimeConfig, make_session, read_table, record
+
+NAMES = sk.resolve(None) + ["l1", "nnz"]  # every sketch with a segmented form, plus one without
+ALL = list(sk.resolve(["all"]))
+HIST_OPTIONS = [
+    sk.SketchOptions(),
+    sk.SketchOptions(hist_bins=10, hist_range=(-0.5, 2.0)),
+    sk.SketchOptions(hist_mode="exact", hist_bins=7),
+]
+
+
+def edge_arrays(rng: np.random.Generator) -> list[np.ndarray]:
+    return [
+        np.array([np.nan, 1, np.inf, -2, 0, -np.inf], np.float32),
+        np.full(7, np.nan, np.float32),
+        np.zeros((0, 3), np.float32),
+        np.zeros(16, np.float32),
+        (rng.standard_normal((3, 17)) * 300).astype(np.float16),
+        np.arange(-10, 10, dtype=np.int64).reshape(4, 5),
+        np.array([3.0e38, -3.4e38, 1.0], np.float32),
+        rng.standard_normal(5000).astype(np.float32),  # over sample_size: the per-tensor path
+        rng.standard_normal((64, 64)).astype(np.float32),  # exactly sample_size
+    ]
+
+
+def assert_same(got: dict, want: dict, what: str) -> None:
+    assert set(got) == set(want), what
+    for name in want:
+        g, w = np.asarray(got[name]), np.asarray(want[name])
+        assert g.shape == w.shape, (what, name, g.shape, w.shape)
+        np.testing.assert_allclose(g, w, rtol=1e-9, atol=0, equal_nan=True, err_msg=f"{what} {name}")
+
+
+@pytest.mark.parametrize("opts", HIST_OPTIONS, ids=["default", "range", "exact"])
+def test_batched_equals_references_on_edge_cases(opts):
+    arrays = edge_arrays(np.random.default_rng(0))
+    infos = [sk.TapInfo(a.ndim, TensorProto.FLOAT, 0, 0, None) for a in arrays]
+    names = [NAMES] * len(arrays)
+    for a, got, info in zip(arrays, sk.batched_references(names, arrays, infos, opts), infos, strict=True):
+        assert_same(got, sk.references(NAMES, a, info, opts), f"{a.dtype}{a.shape}")
+
+
+def small_activations(name: str, feeds: dict) -> tuple[list[np.ndarray], list[str]]:
+    """Every main-graph float activation of a real model with at most sample_size elements, run for real."""
+    model = onnx.load(real_model_path(name))
+    inst, manifest = inject(model, None, ["all"], input_shapes={k: v.shape for k, v in feeds.items()})
+    copied = [t for t in manifest.taps if t.copied]
+    sess = make_session(inst, RuntimeConfig(graph_opt="disable"))
+    outs = dict(zip([o.name for o in sess.get_outputs()], sess.run(None, feeds)))
+    return [np.asarray(outs[t.outputs["tensor"]]) for t in copied], [t.tensor for t in copied]
+
+
+def test_batched_equals_references_on_real_tensors():
+    feeds = {"image": np.random.default_rng(0).uniform(0, 255, (1, 3, 60, 160)).astype(np.float32)}
+    arrays, tensors = small_activations("captcha_crnn", feeds)
+    assert len(arrays) > 100  # the unrolled BiLSTM's Gemm operands
+    infos = [sk.TapInfo(a.ndim, TensorProto.FLOAT, 1, 0, None) for a in arrays]
+    got = sk.batched_references([ALL] * len(arrays), arrays, infos, sk.SketchOptions())
+    for a, g, info, tensor in zip(arrays, got, infos, tensors, strict=True):
+        assert_same(g, sk.references(ALL, a, info, sk.SketchOptions()), tensor)
+
+
+def test_inject_copies_small_main_graph_tensors_only():
+    """Static or at the given shapes; never weights, subgraph tensors, or on providers other than the CPU."""
+    model = zoo.build("transformer_block")  # x: [batch, seq, 64]
+    small = {"x": [2, 32, 64]}  # 4096 elements per activation: copied
+    _, manifest = inject(model, None, None, input_shapes=small)
+    copied = [t for t in manifest.taps if t.copied]
+    assert copied and all(not t.constant and t.graph == "" for t in copied)
+    assert all(t.outputs == {"tensor": t.outputs["tensor"]} for t in copied)
+    assert not any(t.copied for t in manifest.taps if t.constant)
+    big = inject(model, None, None, input_shapes={"x": [4, 32, 64]}).manifest
+    assert not any(t.copied for t in big.taps)
+    assert not any(t.copied for t in inject(model, None, None).manifest.taps)  # symbolic, no shapes given
+    cuda = inject(model, None, None, providers=["CUDAExecutionProvider"], input_shapes=small).manifest
+    assert not any(t.copied for t in cuda.taps) and cuda.options["copy_out_max"] == 0
+    off = inject(model, None, None, sk.SketchOptions(copy_out_max=0), input_shapes=small).manifest
+    assert not any(t.copied for t in off.taps)
+    loop = inject(zoo.build("loop"), None, ["all"]).manifest
+    assert not any(t.copied for t in loop.taps if t.graph)
+    with pytest.raises(ValueError, match="copy_out_max"):
+        sk.SketchOptions(copy_out_max=5000)
+
+
+def test_decode_tap_of_a_copied_tap():
+    model = zoo.build("transformer_block")
+    inst, manifest = inject(model, None, ["all"], input_shapes={"x": [2, 32, 64]})
+    feeds = {"x": np.random.default_rng(1).standard_normal((2, 32, 64)).astype(np.float32)}
+    sess = make_session(inst, RuntimeConfig(graph_opt="disable"))
+    outs = dict(zip([o.name for o in sess.get_outputs()], sess.run(None, feeds)))
+    tap = next(t for t in manifest.taps if t.copied and t.tensor == "x")
+    values, shape = decode_tap(tap, outs, manifest.sketch_options())
+    assert shape == [2, 32, 64]
+    assert_same(values, sk.references(tap.sketches, feeds["x"], tap.info(), manifest.sketch_options()), "x")
+    assert host_values(manifest, model) is not None
+
+
+@pytest.mark.parametrize(
+    "name,dims", [("captcha_crnn", None), ("transformer_block", {"batch": 2, "seq": 32})]
+)
+def test_record_with_copied_taps_equals_graph_taps(tmp_path, name, dims):
+    """The same rows whether small tensors are copied out or sketched in the graph; values within the
+    sketches' tolerances (sums in float64 on the host, float32 in the graph); parity holds."""
+    if name == "captcha_crnn":
+        path = real_model_path(name)
+        feeds = FeedSpec(batches=2)
+    else:
+        path = tmp_path / f"{name}.onnx"
+        onnx.save(zoo.build(name), path)
+        feeds = FeedSpec(batches=2, dims=dims)
+    tables = {}
+    for mode, cap in (("graph", 0), ("copied", None)):
+        res = record(path, out=tmp_path / f"{mode}.parquet", feeds=feeds, sketches=["all"],
+                     options=sk.SketchOptions(copy_out_max=cap), run_id="r")  # fmt: skip
+        assert res.parity is not None and res.parity.ok
+        tables[mode] = (read_table(res.table).to_pylist(), res.manifest)
+    graph, copied = tables["graph"][0], tables["copied"][0]
+    assert sum(t.copied for t in tables["copied"][1].taps) > 0
+    assert not any(t.copied for t in tables["graph"][1].taps)
+    key = lambda r: (r["step"], r["site"], r["role"], r["stat"], r["idx"])  # noqa: E731
+    assert sorted(map(key, graph)) == sorted(map(key, copied))
+    by_key = {key(r): r for r in copied}
+    for r in graph:
+        c = by_key[key(r)]
+        assert (c["numel"], c["M"], c["K"], c["N"]) == (r["numel"], r["M"], r["K"], r["N"])
+        tol = sk.REGISTRY[r["stat"]].tol
+        scale = max(abs(r["value"]), 1.0) if r["stat"] not in ("hist",) else 1.0
+        assert abs(c["value"] - r["value"]) <= max(tol.rtol * scale, tol.atol * scale, 1e-6 * scale) or (
+            np.isnan(c["value"]) and np.isnan(r["value"])
+        ), (key(r), r["value"], c["value"])
