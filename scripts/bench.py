@@ -72,6 +72,8 @@ DEFAULT = "opscope default set, sampled hist"
 DEFAULT_RUN = "opscope default set, sampled hist, run only (no decode)"
 EXACT = "opscope default set, exact hist"
 ALL = "opscope all sketches (--sketch all), sampled hist"
+IN_GRAPH = "opscope default set, every tap in the graph (--copy-out-max 0)"
+IN_GRAPH_RUN = "opscope default set, every tap in the graph, run only"
 COPY_OUT = "copy-out + numpy hist"
 POLYGRAPHY = "polygraphy --onnx-outputs + numpy hist"
 
@@ -82,6 +84,12 @@ ROWS: list[Row] = [
     Row("opscope min+max", "opscope", {"sketches": ["min", "max"], "hist_mode": "sampled"}),
     Row(DEFAULT, "opscope", {"sketches": None, "hist_mode": "sampled"}, quick=True),
     Row(DEFAULT_RUN, "opscope", {"sketches": None, "hist_mode": "sampled", "decode": False}),
+    Row(IN_GRAPH, "opscope", {"sketches": None, "hist_mode": "sampled", "copy_out_max": 0}),
+    Row(
+        IN_GRAPH_RUN,
+        "opscope",
+        {"sketches": None, "hist_mode": "sampled", "copy_out_max": 0, "decode": False},
+    ),
     Row(EXACT, "opscope", {"sketches": None, "hist_mode": "exact"}, quick=True),
     Row(ALL, "opscope", {"sketches": ["all"], "hist_mode": "sampled"}),
     Row("ORT MinMaxCalibrater", "calibrator", {"method": "MinMax"}, quick=True),
@@ -162,6 +170,29 @@ _REAL: dict[str, tuple[dict, Callable[[dict], dict], tuple[str, ...], str]] = {
 }  # fmt: skip
 
 
+TINY_LAYERS = 128
+
+
+def tiny_model() -> Any:
+    """TINY_LAYERS MatMuls of a [1, 16] activation, each followed by a Relu: every tapped tensor has 16
+    elements, so a tap's cost there is its fixed cost."""
+    from onnx import TensorProto, helper, numpy_helper
+
+    rng = np.random.default_rng(0)
+    nodes, inits, x = [], [], "x"
+    for i in range(TINY_LAYERS):
+        w = numpy_helper.from_array((rng.standard_normal((16, 16)) / 4).astype(np.float32), f"w{i}")
+        inits.append(w)
+        nodes += [helper.make_node("MatMul", [x, w.name], [f"m{i}"], name=f"mm{i}"),
+                  helper.make_node("Relu", [f"m{i}"], [f"r{i}"], name=f"relu{i}")]  # fmt: skip
+        x = f"r{i}"
+    g = helper.make_graph(
+        nodes, "tiny", [helper.make_tensor_value_info("x", TensorProto.FLOAT, [1, 16])],
+        [helper.make_tensor_value_info(x, TensorProto.FLOAT, [1, 16])], inits,
+    )  # fmt: skip
+    return helper.make_model(g, opset_imports=[helper.make_opsetid("", 17)])
+
+
 def prepare_cases(work: Path, quick: bool, n: int, only: set[str] | None) -> list[Case]:
     """Write every model and its N batches of feeds into `work`; real models are read in place."""
     from onnx_opscope import zoo
@@ -212,6 +243,13 @@ def prepare_cases(work: Path, quick: bool, n: int, only: set[str] | None) -> lis
                 ("Conv", "Gemm"), lambda i: {"dims": {"batch": 8}}, n,
             )
         )  # fmt: skip
+    if want("tiny_taps"):
+        tiny = _zoo_case(
+            work, "tiny_taps", f"{TINY_LAYERS} chained MatMul [1,16] x [16,16] + Relu: the fixed cost of a tap",
+            tiny_model(), ("MatMul",), lambda i: {}, n,
+        )  # fmt: skip
+        tiny.rows = (PLAIN, DEFAULT, DEFAULT_RUN, IN_GRAPH, IN_GRAPH_RUN)
+        cases.append(tiny)
     for name, (spec, post, wanted, describe) in _REAL.items():
         if not want(name):
             continue
@@ -297,6 +335,7 @@ class Settings:
     analyze_nodes: int
     timeout: float
     threads: int | None = None
+    contention: bool = False
 
 
 def settings_for(args: argparse.Namespace) -> Settings:
@@ -307,7 +346,23 @@ def settings_for(args: argparse.Namespace) -> Settings:
     s.rounds = args.rounds or s.rounds
     s.batches = args.batches or s.batches
     s.threads = args.threads
+    s.contention = getattr(args, "contention", False)
     return s
+
+
+@contextlib.contextmanager
+def background_load(on: bool):
+    """One process spinning on a core while the rows run (`--contention`): how the ordering holds when
+    another job shares the machine, measured rather than guessed."""
+    if not on:
+        yield
+        return
+    busy = subprocess.Popen([sys.executable, "-c", "while True: pass"])
+    try:
+        yield
+    finally:
+        busy.kill()
+        busy.wait()
 
 
 def _log(msg: str) -> None:
@@ -432,6 +487,11 @@ def environment(s: Settings, argv: list[str]) -> list[str]:
         "(other jobs shared this machine)",
         f"- {s.rounds} round(s), interleaved; per measurement {s.warmup} warm-up + {s.batches} timed batches; "
         f"each (model, row, round) in a fresh process",
+        *(
+            ["- contention: one busy process spinning on a core during every row (--contention)"]
+            if s.contention
+            else []
+        ),
     ]
 
 
@@ -551,6 +611,24 @@ def goals(results: dict, inj: dict, ana: dict, s: Settings) -> list[str]:
             f"{mem:.1f}× less memory ({_fmt(p.extra_mb, '+.0f')} vs {_fmt(d.extra_mb, '+.0f')} MB, "
             f"ours counted as ≥ 1 MB): {mark(speed >= 4 and mem >= 20)}"
         )
+    tiny_plain = summarize(results, "tiny_taps", PLAIN)
+    for label, row in (("copied out, run only", DEFAULT_RUN), ("copied out, with decode", DEFAULT),
+                       ("in the graph, run only", IN_GRAPH_RUN)):  # fmt: skip
+        f = summarize(results, "tiny_taps", row)
+        if f.ms is None or tiny_plain.ms is None or not f.tensors:
+            continue
+        per_tap = (f.ms - tiny_plain.ms) * 1e3 / f.tensors
+        ok = per_tap <= 5 if row != IN_GRAPH_RUN else None
+        out.append(f"- fixed cost of one tap (tiny_taps, {f.tensors} tensors of 16 elements), {label}: "
+                   f"{per_tap:.1f} µs (goal ≤ 5 µs): {mark(ok) if row != IN_GRAPH_RUN else 'for comparison'}")  # fmt: skip
+    every = {
+        c: summarize(results, c, DEFAULT).ratio for c in sorted({k[0] for k in results}) if c != "tiny_taps"
+    }
+    if every:
+        worst = max((r for r in every.values() if r is not None), default=None)
+        listed = ", ".join(f"{c} {_fmt(r, '.2f')}×" for c, r in every.items())
+        out.append(f"- default set ≤ 1.5× plain on every model: {listed}: "
+                   f"{mark(None if worst is None else worst <= 1.5)}")  # fmt: skip
     if "seconds" in inj:
         ok = inj["seconds"] < 1 and inj["extra_rss"] < 200 * MB if not s.quick else None
         out.append(
@@ -621,6 +699,8 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--sketches-alone", action="store_true", help="add one row per registered sketch")
     p.add_argument("--skip-extras", action="store_true", help="leave out injection, analysis and FLOP totals")
     p.add_argument("--profile", action="store_true", help="onnxruntime profile per op kind, then exit")
+    p.add_argument("--contention", action="store_true",
+                   help="run a fixed background load (one busy process) while measuring: a shared machine")  # fmt: skip
     p.add_argument("--out", type=Path, help="also write the Markdown report here")
     p.add_argument("--json", type=Path, help="also write the raw per-round results here")
     p.add_argument("--one", help=argparse.SUPPRESS)
@@ -652,7 +732,8 @@ def main(argv: list[str] | None = None) -> int:
                 return 1
             print("\n".join(profile(case, s.batches)))
             return 0
-        results = run_rows(cases, rows, s)
+        with background_load(args.contention):
+            results = run_rows(cases, rows, s)
         inj: dict = {}
         ana: dict = {}
         flops: dict[str, dict] = {}

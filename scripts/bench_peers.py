@@ -177,8 +177,12 @@ def run_opscope(job: dict, sketches: list[str] | None, hist_mode: str, decode_ro
     from onnx_opscope.sketch import SketchOptions, for_providers
 
     batches = load_batches(job["feeds"])
-    options = for_providers(SketchOptions(hist_mode=hist_mode), ["CPUExecutionProvider"])
-    model, manifest = inject(job["model"], Selection(op_types=tuple(job["ops"])), sketches, options)
+    options = SketchOptions(hist_mode=hist_mode, copy_out_max=job.get("copy_out_max"))
+    options = for_providers(options, ["CPUExecutionProvider"])
+    shapes = {k: list(v.shape) for k, v in batches[0].items()}  # taps sized at the first batch, as `record`
+    model, manifest = inject(
+        job["model"], Selection(op_types=tuple(job["ops"])), sketches, options, input_shapes=shapes
+    )
     host = host_values(
         manifest, model
     )  # weight taps: once, on the host, from the model in memory, as `record`
@@ -199,7 +203,11 @@ def run_opscope(job: dict, sketches: list[str] | None, hist_mode: str, decode_ro
     pipeline.close()  # the last batch's decode: part of the run's time
     times[-1] += time.perf_counter() - t0
     live = sum(not t.constant for t in manifest.taps)
-    return {"times": times, "tensors": live, "note": f"+{len(manifest.taps) - live} weight taps (host, once)"}
+    copied = sum(t.copied for t in manifest.taps)
+    note = f"+{len(manifest.taps) - live} weight taps (host, once)" + (
+        f"; {copied} copied out" if copied else ""
+    )
+    return {"times": times, "tensors": live, "copied": copied, "note": note}
 
 
 class _Reader:

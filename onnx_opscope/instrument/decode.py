@@ -11,6 +11,8 @@ The rows carry per-site GEMM dims M, K, N resolved from the run-time shapes.
 
 from __future__ import annotations
 
+import math
+
 import numpy as np
 
 from .. import sketch as sk
@@ -45,7 +47,7 @@ def decode_tap(
         return {name: sk.finalize(name, parts[0], opts) for name in tap.sketches}, shapes[0]
     names = sk.with_sources(tap.sketches)
     values = [{name: sk.finalize(name, raw, opts) for name in names} for raw in parts]
-    numels = [int(np.prod(s)) if s else 1 for s in shapes]
+    numels = [math.prod(s) for s in shapes]
     merged = sk.merge_parts(names, values, numels)
     return {name: merged[name] for name in tap.sketches}, shapes[-1]
 
@@ -77,7 +79,7 @@ def gemm_dims(site: SiteRecord, shapes: dict[str, list[int]]) -> tuple[int | Non
     M = seq x batch, K = input size, N = gates x hidden.
     """
     op, a = site.op_type, site.attrs
-    prod = lambda v: int(np.prod(v)) if v else 1  # noqa: E731
+    prod = math.prod  # of Python ints: np.prod costs ~10 us a call, per site and role of every batch
     try:
         if op in ("MatMul", "MatMulInteger", "QLinearMatMul"):
             lhs, rhs = shapes["lhs"], shapes["rhs"]
@@ -167,7 +169,7 @@ def decode(manifest: Manifest, outputs: dict[str, np.ndarray], host: HostValues 
             values, shape = decoded[tid]
             if shape is None:
                 continue
-            numel = int(np.prod(shape)) if shape else 1
+            numel = math.prod(shape)
             for stat, vals in values.items():
                 rows.add((site.id, site.op_type, role, stat, numel, m, k, n), vals)
     return rows
