@@ -38,6 +38,7 @@ from __future__ import annotations
 
 import contextlib
 import csv
+import functools
 import os
 import re
 from pathlib import Path
@@ -165,15 +166,20 @@ def batch_table(rows: Rows, run_id: str, step: int, provider: str, dist: str) ->
     pyarrow.compute)."""
     t = rows.to_arrow()
     n = t.num_rows
-    same = np.zeros(n, np.int64)
     head = {
-        "run_id": arrow_strings([run_id], same),
-        "step": arrow_int64(same + step),
-        "provider": arrow_strings([provider], same),
-        "dist": arrow_strings([dist], same),
+        "run_id": _constant_strings(run_id, n),
+        "step": arrow_int64(np.full(n, step, np.int64)),
+        "provider": _constant_strings(provider, n),
+        "dist": _constant_strings(dist, n),
     }
     cols = {**head, **{c: t.column(c) for c in t.column_names}}
     return pa.table([cols[f.name] for f in SCHEMA], schema=SCHEMA)
+
+
+@functools.lru_cache(maxsize=8)
+def _constant_strings(label: str, n: int) -> pa.Array:
+    """A column of n copies of `label`: the same for every batch of a run, so built once."""
+    return arrow_strings([label], np.zeros(n, np.int64))
 
 
 def write_sites(path: Path, manifest: Manifest, dims: dict[str, tuple]) -> None:
