@@ -333,7 +333,9 @@ def steps_with(l1: list[float] | None = None, sigs: list[list[float]] | None = N
 def test_temporal_boundaries():
     base = np.array([0.5, -1.0, 2.0, 0.25])
     calm = [list(base)] * 4
-    assert one(steps_with([80.0] * 4, calm)).temporal.rule == "stationary"
+    # the same values at every step: a weight's place is stationary (prepack), an activation's repeats (memoize)
+    assert one(steps_with([80.0] * 4, calm), role="rhs").temporal.rule == "stationary"
+    assert one(steps_with([80.0] * 4, calm)).temporal.rule == "memoize"
     # l1 cv just under / over 1e-4 (the elemsig series is different every step: no repeats)
     walk = [list(base * (1 + 0.5 * i)) for i in range(4)]
     for eps, stationary in ((0.9e-4, True), (1.1e-4, False)):

@@ -17,9 +17,10 @@ def _t(default: float, why: str) -> Any:
 @dataclass(frozen=True)
 class MineConfig:
     """Thresholds and knobs of the miner, one line of reason each. Defaults follow the reference
-    harness except `pos_cv_min` (0.75 -> 1.0) and the two added rules (`gaps_min`,
-    `kurtosis_min`); see the README section "Rules (first match wins)" for the measurements
-    behind each. `opscope mine --set NAME=VALUE` changes one; `describe()` lists them."""
+    harness except `pos_cv_min` (0.75 -> 1.0), the two added rules (`gaps_min`,
+    `kurtosis_min`) and the guards (minimum sizes, `peak_min`, `fixed_norm_tol`,
+    `stationary_chance`), which scripts/eval_findings.py measured; see the README section "Rules
+    (first match wins)" for the measurements behind each. `opscope mine --set NAME=VALUE` changes one; `describe()` lists them."""
 
     nonfinite_max: float = _t(0.0, "share of NaN/Inf above this: fix the numerics before anything else")
     density_max: float = _t(0.5, "nnz/numel below: sparse GEMM")
@@ -28,9 +29,17 @@ class MineConfig:
     gaps_mass: float = _t(0.01, "the bulk = bins between the gaps_mass and 1 - gaps_mass quantiles")
     kurtosis_min: float = _t(10.0, "above: heavy tails, per-tensor int quant loses resolution")
     histtop_min: float = _t(0.25, "largest bin share above: concentrated values, quantize / LUT")
+    peak_min: float = _t(
+        2.0,
+        "concentrated also needs its largest bin this many times the fuller bin beside it: a pile on one value",
+    )
     adj_max: float = _t(0.5, "mean(adj_sumsq)/mean(pos_sumsq) below: adjacent rows close, delta-compute")
     pos_cv_min: float = _t(1.0, "std/|mean| of per-row energy above: sequence / positional structure")
     stationary_cv: float = _t(1e-4, "l1 over steps with a smaller coefficient of variation: stationary")
+    stationary_chance: float = _t(
+        0.01,
+        "stationary also needs l1's cv under this share of the cv fresh values give by chance (big tensors)",
+    )
     repeat_dist: float = _t(
         1e-3, "a step whose elemsig is this close (relative L2) to an earlier one repeats"
     )
@@ -43,8 +52,13 @@ class MineConfig:
     hist_per_bin_min: float = _t(
         4.0, "histogram rules (levels, concentrated) need this many counted elements per bin"
     )
-    channels_min: int = _t(8, "the outlier rule needs this many channels: a max/mean over fewer is noise")
-    rows_min: int = _t(8, "row rules (coherent, positional) need this many rows")
+    channels_min: int = _t(
+        8,
+        "outlier and positional need this many channels: a max/mean over fewer, a row energy over fewer is noise",
+    )
+    rows_min: int = _t(
+        8, "row rules (coherent, positional) need this many rows; the outlier rule as many values per channel"
+    )
     fixed_norm_tol: float = _t(
         1e-4, "l1 (sumsq) within this of numel/d (numel): rows normalised by construction, not stationary"
     )

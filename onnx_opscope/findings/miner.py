@@ -26,10 +26,21 @@ from .config import MineConfig
 from .finding import Finding, Temporal
 from .identity import check_costs
 from .inference import KIND_OF_ROLE, attention_finding, residual_finding, routing_finding
-from .plan import Costs, annotate, load_costs
+from .plan import RHS_ROLES, Costs, annotate, load_costs
 from .rules import DENSE, DENSE_NOTE, TEMPORAL_RULES, fire, fmt_num
 from .series import Series, TableLike, collect, read_sketch_table
-from .signals import SIGNALS, SUPPORT, finite_or_none, nanmean, nanstd, scalar, step_signals, temporal_signals
+from .signals import (
+    SIGNALS,
+    SUPPORT,
+    chance_cv,
+    finite_or_none,
+    nanmean,
+    nanstd,
+    persistent_outlier,
+    scalar,
+    step_signals,
+    temporal_signals,
+)
 
 
 def fixed_norm(value: float, numel: int | None, dims: Sequence[int | None], tol: float) -> int | None:
@@ -42,7 +53,8 @@ def fixed_norm(value: float, numel: int | None, dims: Sequence[int | None], tol:
 
 
 def _temporal(series: Series, steps: list[int], cfg: MineConfig) -> tuple[Temporal | None, str]:
-    """The across-steps verdict, and a note when the norm is fixed by construction."""
+    """The across-steps verdict, and a note when the norm stands still for another reason than the values
+    (rows normalised by construction, the law of large numbers)."""
     if len(steps) < max(cfg.min_steps, 2):
         return None, ""
     # l1 is opt-in; sumsq (always recorded) stands still exactly when l1 does
@@ -55,13 +67,23 @@ def _temporal(series: Series, steps: list[int], cfg: MineConfig) -> tuple[Tempor
     if stationary:
         numel = max((n for n in series.numel.values() if n), default=None)
         d = fixed_norm(nanmean(l1), numel, series.dims, cfg.fixed_norm_tol)
+        chance = chance_cv(stat, series.steps[steps[0]], numel)
         if d is not None:
             stationary = False
             note = f"{stat} = numel/{d}: fixed by construction (normalised rows), no stationarity verdict"
+        elif math.isfinite(chance) and ts["l1_cv"] >= cfg.stationary_chance * chance:
+            stationary = False
+            note = (f"{stat} moves by {ts['l1_cv']:.2g}, as much as {numel} fresh values do by chance "
+                    f"({chance:.2g}): no stationarity verdict")  # fmt: skip
     rep, drift = ts["repeat_share"], ts["drift"]
+    repeats = math.isfinite(rep) and rep > cfg.repeat_share_min
+    if stationary and repeats and series.role not in RHS_ROLES:
+        # values that repeat in an activation's place are a repeated input: memoize. Precompute /
+        # prepack is for the operand a kernel prepacks (a weight, or a repeated rhs).
+        stationary = False
     if stationary:
         rule, score = "stationary", cfg.stationary_score
-    elif math.isfinite(rep) and rep > cfg.repeat_share_min:
+    elif repeats:
         rule, score = "memoize", rep
     elif math.isfinite(drift) and drift < cfg.drift_max:
         rule, score = "delta", 1.0 - drift
@@ -87,6 +109,9 @@ def finding_for(series: Series, cfg: MineConfig | None = None) -> Finding:
     steps = sorted(series.steps)
     per_step = [step_signals(series.steps[s], series.numel.get(s), cfg) for s in steps]
     signals = {k: nanmean([p[k] for p in per_step]) for k in SIGNALS + SUPPORT}
+    lasting = persistent_outlier([series.stat(s, "chan_maxabs") for s in steps])
+    if math.isfinite(lasting):  # several steps: a channel counts by its smallest max over them
+        signals["outlier"] = lasting
     sigma = {k: nanstd([p[k] for p in per_step]) for k in SIGNALS}
     numels = [n for n in series.numel.values() if n is not None]
     numel = max(numels) if numels else None
@@ -103,8 +128,7 @@ def finding_for(series: Series, cfg: MineConfig | None = None) -> Finding:
             exploit = "none: too few elements to judge (or to be worth it)"
         held, stab_sigma, stability = None, None, "n/a"
     else:
-        name, cond, exploit, guard = rule.name, rule.condition(cfg), rule.exploit, rule.guard
-        guard = guard.format(t=fmt_num(rule.limit(cfg)))
+        name, cond, exploit, guard = rule.name, rule.condition(cfg), rule.exploit, rule.guard_text(cfg)
         score = float(min(max(rule.score(signals[rule.signal]), 0.0), 1.0))
         vals = [p[rule.signal] for p in per_step]
         held = sum(rule.holds(v, cfg) for v in vals) / len(vals)

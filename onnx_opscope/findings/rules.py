@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Callable, Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, fields
 
 import pyarrow.compute as pc
 
@@ -45,6 +45,12 @@ class Rule:
             return False
         return value < self.limit(cfg) if self.op == "<" else value > self.limit(cfg)
 
+    def guard_text(self, cfg: MineConfig) -> str:
+        """The guard with its thresholds filled in: {t} is the rule's own, {name} any MineConfig field."""
+        return self.guard.format(
+            t=fmt_num(self.limit(cfg)), **{f.name: fmt_num(getattr(cfg, f.name)) for f in fields(cfg)}
+        )
+
     def condition(self, cfg: MineConfig) -> str:
         return f"{self.signal} {self.op} {fmt_num(self.limit(cfg))}"
 
@@ -62,22 +68,24 @@ _SIZE = (("numel", "numel_min"),)
 _HIST = (("hist_per_bin", "hist_per_bin_min"),)
 _CHANNELS = (("channels", "channels_min"),)
 _ROWS = (("rows", "rows_min"),)
+_PEAK = (("hist_peak", "peak_min"),)
 RULES: tuple[Rule, ...] = (
     Rule("nonfinite", "nonfinite", ">", "nonfinite_max", "fix numerics first (NaN/Inf)",
          "(nan_count + inf_count)/numel > {t}", lambda v: 1.0, support=()),
     Rule("sparse", "density", "<", "density_max", "sparse GEMM", "nnz/numel < {t}", lambda v: 1.0 - v),
     Rule("outlier", "outlier", ">", "outlier_min", "per-channel int quant",
-         "max(chan_maxabs)/mean(chan_maxabs) > {t}", lambda v: min(v / 30.0, 1.0), _SIZE + _CHANNELS),
+         "max(chan_maxabs)/mean(chan_maxabs) > {t}", lambda v: min(v / 30.0, 1.0), _SIZE + _CHANNELS + _ROWS),
     Rule("levels", "hist_gaps", ">", "gaps_min", "quantize / LUT (few levels)",
          "hist_gaps(hist) > {t}", lambda v: v, _SIZE + _HIST),
     Rule("heavy_tail", "kurtosis", ">", "kurtosis_min",
          "outlier-aware quant (heavy tails)", "kurtosis > {t}", lambda v: min(v / 50.0, 1.0)),
     Rule("concentrated", "histtop", ">", "histtop_min", "quantize / LUT (concentrated values)",
-         "max(hist)/sum(hist) > {t}", lambda v: v, _SIZE + _HIST),
+         "max(hist)/sum(hist) > {t} and max(hist) >= {peak_min} x the fuller bin beside it", lambda v: v,
+         _SIZE + _HIST + _PEAK),
     Rule("coherent", "adj", "<", "adj_max", "delta-compute (adjacent rows)",
          "mean(adj_sumsq)/mean(pos_sumsq) < {t}", lambda v: 1.0 - v, _SIZE + _ROWS),
     Rule("positional", "pos_cv", ">", "pos_cv_min", "sequence / positional structure",
-         "std(pos_sumsq)/|mean(pos_sumsq)| > {t}", lambda v: min(v / 3.0, 1.0), _SIZE + _ROWS),
+         "std(pos_sumsq)/|mean(pos_sumsq)| > {t}", lambda v: min(v / 3.0, 1.0), _SIZE + _ROWS + _CHANNELS),
 )  # fmt: skip
 # The sketches each rule reads; the opt-in ones (nnz, chan_maxabs, kurtosis, adj_sumsq) may be absent.
 RULE_SKETCHES = {

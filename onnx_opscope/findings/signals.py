@@ -13,7 +13,9 @@ import numpy as np
 
 from .config import MineConfig
 
-SIGNALS = ("density", "outlier", "histtop", "hist_gaps", "levels", "pos_cv", "adj", "kurtosis", "nonfinite")
+SIGNALS = (
+    "density", "outlier", "histtop", "hist_peak", "hist_gaps", "levels", "pos_cv", "adj", "kurtosis", "nonfinite",
+)  # fmt: skip
 # How much evidence a rule's signal stands on: the rules' minimum sizes (`rules.Rule.support`) read these.
 SUPPORT = ("numel", "hist_per_bin", "channels", "rows")
 
@@ -49,6 +51,19 @@ def hist_gaps(hist: np.ndarray, mass: float = 0.01) -> float:
     return float(np.count_nonzero(bulk == 0) / bulk.size)
 
 
+def hist_peak(hist: np.ndarray) -> float:
+    """The largest bin over the fuller of the bins beside it: >= 3 where values pile on one value (a
+    saturation level, a padding value), ~1 in the middle of a continuous density however peaked (a
+    Gaussian, a Laplace, rows of different scales), 1.7 at the edge of an exponential. Empty
+    neighbours count as a millionth of the histogram, so the ratio stays finite."""
+    h = _finite(hist)
+    if not h.size or h.sum() <= 0:
+        return math.nan
+    i = int(np.argmax(h))
+    beside = max((h[j] for j in (i - 1, i + 1) if 0 <= j < h.size), default=0.0)
+    return float(h[i] / max(beside, 1e-6 * h.sum()))
+
+
 def step_signals(stats: Mapping[str, np.ndarray], numel: int | None, cfg: MineConfig | None = None) -> dict:
     """The signals of one batch of one (site, role); NaN where the sketches needed are absent."""
     cfg = cfg or MineConfig()
@@ -68,11 +83,13 @@ def step_signals(stats: Mapping[str, np.ndarray], numel: int | None, cfg: MineCo
         h = _finite(stats.get("hist"))
         if h.size and h.sum() > 0:
             s["histtop"] = float(h.max() / h.sum())
+            s["hist_peak"] = hist_peak(h)
             s["hist_gaps"] = hist_gaps(h, cfg.gaps_mass)
             s["levels"] = float(np.count_nonzero(h))
             s["hist_per_bin"] = float(h.sum() / h.size)
         p = _finite(stats.get("pos_sumsq"))
-        s["rows"] = float(p.size) if p.size else math.nan
+        # rows: the positions the channels are measured over (pos_sumsq keeps at most max_rows of them)
+        s["rows"] = float(p.size) if p.size else (n / cm.size if cm.size else math.nan)
         if p.size > 1 and p.mean() != 0:
             s["pos_cv"] = float(p.std() / abs(p.mean()))
         a = _finite(stats.get("adj_sumsq"))
@@ -80,6 +97,32 @@ def step_signals(stats: Mapping[str, np.ndarray], numel: int | None, cfg: MineCo
             s["adj"] = float(a.mean() / p.mean())
         s["kurtosis"] = scalar(stats, "kurtosis")
     return {k: (float(v) if math.isfinite(v) else math.nan) for k, v in s.items()}
+
+
+def persistent_outlier(chan_maxabs: Sequence[np.ndarray]) -> float:
+    """max/mean of each channel's smallest max|x| over the steps (NaN: fewer than two steps that agree
+    on the channel count). Outlier channels are large at every step, as real ones are; a heavy tail
+    puts its largest value in another channel each batch, so its smallest maxima are unremarkable."""
+    steps = [_finite(c) for c in chan_maxabs]
+    steps = [c for c in steps if c.size]
+    if len(steps) < 2 or len({c.size for c in steps}) != 1:
+        return math.nan
+    m = np.min(np.stack(steps), axis=0)
+    return float(m.max() / m.mean()) if m.mean() > 0 else math.nan
+
+
+def chance_cv(stat: str, stats: Mapping[str, np.ndarray], numel: int | None) -> float:
+    """The coefficient of variation over steps that `stat` (l1 or sumsq) of `numel` fresh values drawn
+    like these would have by chance: sqrt(Var|x| / n) / E|x| for l1, sqrt((kurtosis - 1) / n) for
+    sumsq (kurtosis 3 when it was not recorded). NaN when unknown. The norm of a million fresh Gaussian
+    values moves by 8e-4 from batch to batch, of a hundred million by 8e-5: below `stationary_cv`."""
+    if not numel:
+        return math.nan
+    m1, m2 = scalar(stats, "l1") / numel, scalar(stats, "sumsq") / numel
+    if stat == "l1":
+        return math.sqrt(max(m2 - m1 * m1, 0.0) / numel) / m1 if m1 > 0 and math.isfinite(m2) else math.nan
+    kurtosis = scalar(stats, "kurtosis")
+    return math.sqrt(max((kurtosis if math.isfinite(kurtosis) else 3.0) - 1.0, 0.0) / numel)
 
 
 def rel_dist(a: np.ndarray, b: np.ndarray) -> float:
@@ -102,12 +145,19 @@ def temporal_signals(l1: Sequence[float], elemsig: Sequence[np.ndarray], cfg: Mi
     repeat = drift = drift_sigma = math.nan
     sigs = [np.asarray(e) for e in elemsig]
     if len(sigs) >= 2 and all(e.size for e in sigs):
+        # an all-zero fingerprint (16 positions that all fell on zeros of a sparse tensor) says nothing:
+        # it neither repeats nor stands still
+        seen = [bool(np.any(np.nan_to_num(e.astype(np.float64)) != 0)) for e in sigs]
         repeats = sum(
-            any(rel_dist(sigs[t], sigs[u]) < cfg.repeat_dist for u in range(t)) for t in range(1, len(sigs))
+            seen[t] and any(rel_dist(sigs[t], sigs[u]) < cfg.repeat_dist for u in range(t))
+            for t in range(1, len(sigs))
         )
         repeat = repeats / len(sigs)
-        steps = np.array([rel_dist(sigs[t], sigs[t - 1]) for t in range(1, len(sigs))])
-        drift, drift_sigma = float(np.mean(steps)), float(np.std(steps))
+        steps = np.array(
+            [rel_dist(sigs[t], sigs[t - 1]) for t in range(1, len(sigs)) if seen[t] or seen[t - 1]]
+        )
+        if steps.size:
+            drift, drift_sigma = float(np.mean(steps)), float(np.std(steps))
     return {"l1_cv": l1_cv, "repeat_share": repeat, "drift": drift, "drift_sigma": drift_sigma}
 
 

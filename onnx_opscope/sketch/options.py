@@ -24,7 +24,9 @@ class SketchOptions:
     exact_counts: str = "graph"
     sample_size: int = 4096
     elemsig_k: int = 16
-    max_rows: int = 512  # pos_sumsq / adj_sumsq keep at most this many rows (evenly strided)
+    # pos_sumsq / adj_sumsq keep at most this many rows, evenly strided: a prime, so that the stride does not
+    # alias with a power-of-two row period (512 rows of a [2, 16, 32, 32] Conv input saw only columns 0, 4, 8, ...)
+    max_rows: int = 509
     adj_pairs: int = 32  # adj_sumsq: adjacent pairs per sequence, evenly spaced along the row axis
     # Taps on tensors of at most this many elements (at the shapes `inject` is told to expect) are
     # copied out whole and sketched on the host, all of a batch's together (`sketch.batched`): in
