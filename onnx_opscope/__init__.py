@@ -70,6 +70,7 @@ _API = {
     "survey": "analysis.survey",
     "calibrate": "calibration",
     "analyze": "analysis",
+    "find_motifs": "analysis",
     "MineConfig": "findings",
     "mine": "findings",
     "load_findings": "findings",

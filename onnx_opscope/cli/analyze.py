@@ -1,11 +1,21 @@
-"""`opscope analyze`: static per-op cost, roofline and roll-ups of a model (`onnx_opscope.analyze`)."""
+"""`opscope analyze`: static per-op cost, roofline and roll-ups of a model (`onnx_opscope.analyze`); with
+`--motifs`, its repeated chains and cones instead (`onnx_opscope.find_motifs`)."""
 
 from __future__ import annotations
 
 import argparse
 import sys
+from collections.abc import Callable
 
-from ..analysis import DEVICES, analyze
+from ..analysis import DEVICES, Motifs, Report, analyze
+from ..analysis.motifs import (
+    DEFAULT_MAX_DEPTH,
+    DEFAULT_MAX_LEN,
+    DEFAULT_MIN_COUNT,
+    DEFAULT_MIN_LEN,
+    find_motifs,
+    print_motifs,
+)
 from ..errors import OpscopeError
 from ..files import atomic_path, check_writable
 from .options import add_output_argument, add_quiet_argument, add_shape_arguments, shapes_from_args
@@ -17,6 +27,8 @@ EPILOG = """examples:
   opscope analyze model.onnx --shape x:1,3,224,224 --device h100 --top 20
   opscope analyze model.onnx --format json -o costs.json      # for `opscope mine/report --costs`
   opscope analyze model.onnx --profile --shape x:1,3,640,640  # + measured time share per op kind
+  opscope analyze model.onnx --motifs                         # repeated chains and cones (fusion candidates)
+  opscope analyze model.onnx --motifs --format parquet -o motifs.parquet
 """
 
 
@@ -34,7 +46,9 @@ def add_parser(subparsers) -> argparse.ArgumentParser:
     add_shape_arguments(p.add_argument_group("shapes", "input shapes and symbol values"), symbols=True)
     p.add_argument("--device", default="cpu", help=f"roofline preset: {', '.join(DEVICES)} (default cpu)")
     p.add_argument("--ridge", type=float, metavar="FLOP_PER_BYTE", help="override the device's ridge point")
-    p.add_argument("--top", type=int, default=15, metavar="N", help="rows in the top-ops and GEMM tables")
+    p.add_argument(
+        "--top", type=int, default=15, metavar="N", help="rows in the top-ops, GEMM and motif tables"
+    )
     p.add_argument("--format", choices=FORMATS, default="table", help="output format (default table)")
     add_output_argument(p, "write to FILE instead of stdout")
     add_quiet_argument(p)
@@ -45,6 +59,7 @@ def add_parser(subparsers) -> argparse.ArgumentParser:
         "op kind",
     )
     p.add_argument("--runs", type=int, default=3, help="profiled runs after one warm-up (default 3)")
+    add_motif_arguments(p)
     p.add_argument(
         "--no-symbolic",
         action="store_true",
@@ -53,12 +68,47 @@ def add_parser(subparsers) -> argparse.ArgumentParser:
     return p
 
 
+def add_motif_arguments(p: argparse.ArgumentParser) -> None:
+    """--motifs and its knobs (`find_motifs`'s arguments)."""
+    g = p.add_argument_group("repeated sub-graphs (--motifs)")
+    g.add_argument(
+        "--motifs",
+        action="store_true",
+        help="show the repeated chains (op n-grams along single-consumer paths) and dataflow cones (input "
+        "trees), with hints and FLOP / byte shares, instead of the per-op costs",
+    )
+    g.add_argument(
+        "--motif-min-len", type=int, default=DEFAULT_MIN_LEN, metavar="N", help="shortest chain (default 2)"
+    )
+    g.add_argument(
+        "--motif-max-len", type=int, default=DEFAULT_MAX_LEN, metavar="N", help="longest chain (default 6)"
+    )
+    g.add_argument(
+        "--motif-min-count",
+        type=int,
+        default=DEFAULT_MIN_COUNT,
+        metavar="N",
+        help="keep patterns seen at least N times (default 2)",
+    )
+    g.add_argument(
+        "--cone-depth",
+        type=int,
+        default=DEFAULT_MAX_DEPTH,
+        metavar="D",
+        help="cones of depth 2..D (default 6)",
+    )
+
+
 def run(args: argparse.Namespace) -> int:
     if args.format == "parquet" and not args.output:
         raise OpscopeError("--format parquet needs -o FILE")
+    if args.motifs and args.profile:
+        raise OpscopeError("--motifs and --profile are separate views", hint="run the command once for each")
     if args.output:
         check_writable(args.output, inputs=[args.model])
     shapes, dims = shapes_from_args(args, symbols=True)
+    if args.motifs:
+        return _motifs(args, shapes, dims)
     report = analyze(
         args.model,
         shapes,
@@ -72,21 +122,42 @@ def run(args: argparse.Namespace) -> int:
     if args.format == "table":
         from ..analysis.table import print_report
 
+        return _emit(args, report, print_report)
+    return _emit(args, report, None)
+
+
+def _motifs(args: argparse.Namespace, shapes: dict, dims: dict) -> int:
+    motifs = find_motifs(
+        args.model,
+        shapes,
+        dims,
+        min_len=args.motif_min_len,
+        max_len=args.motif_max_len,
+        min_count=args.motif_min_count,
+        max_depth=args.cone_depth,
+        symbolic=False if args.no_symbolic else "auto",
+    )
+    return _emit(args, motifs, print_motifs)
+
+
+def _emit(args: argparse.Namespace, result: Report | Motifs, print_table: Callable[..., None] | None) -> int:
+    """The result (a cost Report or Motifs) as --format asks, to -o FILE or stdout."""
+    if args.format == "table":
         if args.output:
             with atomic_path(args.output) as tmp, open(tmp, "w") as f:
-                print_report(report, top=args.top, file=f)
+                print_table(result, top=args.top, file=f)
         elif not args.quiet:
-            print_report(report, top=args.top)
+            print_table(result, top=args.top)
     elif args.output:
-        report.write(args.output, args.format)
+        result.write(args.output, args.format)
     elif args.format == "json":
-        sys.stdout.write(report.to_json() + "\n")
+        sys.stdout.write(result.to_json() + "\n")
     else:  # csv to stdout
         import pyarrow as pa
         import pyarrow.csv as pacsv
 
         sink = pa.BufferOutputStream()
-        pacsv.write_csv(report.to_arrow(), sink)
+        pacsv.write_csv(result.to_arrow(), sink)
         sys.stdout.write(sink.getvalue().to_pybytes().decode())
     if args.output and not args.quiet:
         print(f"wrote {args.output}", file=sys.stderr)
