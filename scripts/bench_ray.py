@@ -13,7 +13,7 @@ Rows, each in a fresh process, 3 rounds interleaved (median [min-max]):
   cost. The speed-up is the ratio of the two engines' b;
 - the driver's peak memory with many small batches (`--many`, default 400, of a tiny model) and
   with a tenth of them: flat when the driver holds a bounded number of results;
-- the machine's own ceiling: the instrumented model in a bare onnxruntime session (1 thread, no
+- the machine's own ceiling: the instrumented model in the session `record` makes (1 thread, no
   decoding, no table) alone, and as `--workers` such processes at once. Their per-batch ratio is
   the most any engine of that many workers can gain on this machine (shared caches, memory
   bandwidth, the other jobs on it), printed beside Ray's speed-up.
@@ -62,20 +62,15 @@ def _model(job: dict) -> Path:
 
 def bare(job: dict) -> None:
     """The instrumented model in a plain onnxruntime session, batch after batch; prints a JSON line."""
-    import onnxruntime as ort
-
     from onnx_opscope import inject
-    from onnx_opscope.graph.io import save_model
-    from onnx_opscope.run import FeedSpec, iter_feeds
+    from onnx_opscope.run import FeedSpec, RuntimeConfig, iter_feeds, make_session
+    from onnx_opscope.run.session import for_tapped
 
-    tapped = Path(job["dir"]) / f"{job['model']}.tapped.onnx"
+    feeds = FeedSpec(batches=job["batches"], dims=job.get("dims") or {})
     model, _ = inject(_model(job))
-    if not tapped.exists():
-        save_model(model, tapped)
-    opts = ort.SessionOptions()
-    opts.intra_op_num_threads = opts.inter_op_num_threads = 1
-    session = ort.InferenceSession(str(tapped), opts, providers=["CPUExecutionProvider"])
-    batches = list(iter_feeds(model, FeedSpec(batches=job["batches"], dims=job.get("dims") or {})))
+    batches = list(iter_feeds(model, feeds))
+    # the session `record` makes (priority-based node order), without the decoding and the table
+    session = make_session(model, for_tapped(RuntimeConfig(threads=1)), take_weights=True)
     session.run(None, batches[0])  # warm up
     times = []
     for feed in batches:

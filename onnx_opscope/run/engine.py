@@ -41,7 +41,7 @@ class Engine:
     kind: str = "local"
     address: str | None = None
     workers: int | None = None
-    in_flight: int = 2
+    in_flight: int = 4
 
     def __post_init__(self) -> None:
         if self.kind not in ENGINES:
