@@ -109,6 +109,22 @@ def write_table(table: Any, path: str | os.PathLike, fmt: str | None = None) -> 
     return out
 
 
+def write_document(
+    path: str | os.PathLike, fmt: str | None, table: Callable[[], Any], text: Callable[[], str]
+) -> Path:
+    """A result as json (one document, `text()`), or csv / parquet (its rows, `table()`: a pyarrow
+    Table), chosen by `fmt` or the suffix, whole or not at all."""
+    out = Path(path)
+    fmt = (fmt or out.suffix.lstrip(".") or "json").lower()
+    if fmt not in ("json", "csv", "parquet"):
+        raise OpscopeError(f"unknown output format {fmt!r}", hint="use json, csv or parquet")
+    if fmt != "json":
+        return write_table(table(), out, fmt)
+    with atomic_path(out) as tmp:
+        tmp.write_text(text())
+    return out
+
+
 def write_bytes(path: str | os.PathLike, data: bytes) -> Path:
     """Write `data` to `path`, whole or not at all."""
     with atomic_path(path) as tmp:

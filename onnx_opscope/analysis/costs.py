@@ -37,8 +37,7 @@ from pathlib import Path
 import numpy as np
 from onnx import ModelProto, NodeProto
 
-from ..errors import OpscopeError
-from ..files import atomic_path, write_table
+from ..files import write_document
 from ..graph.index import GraphEntry, ModelIndex
 from ..graph.io import ModelLike, file_sha256, load_model, model_sha256
 from ..graph.proto import attr as get_attr
@@ -173,15 +172,7 @@ class Report:
 
     def write(self, path: str | os.PathLike, fmt: str | None = None) -> Path:
         """Save as json, csv or parquet (chosen by `fmt` or the file suffix), whole or not at all."""
-        out = Path(path)
-        fmt = (fmt or out.suffix.lstrip(".") or "json").lower()
-        if fmt not in ("json", "csv", "parquet"):
-            raise OpscopeError(f"unknown output format {fmt!r}", hint="use json, csv or parquet")
-        if fmt != "json":
-            return write_table(self.to_arrow(), out, fmt)
-        with atomic_path(out) as tmp:
-            tmp.write_text(self.to_json(indent=1))
-        return out
+        return write_document(path, fmt, self.to_arrow, lambda: self.to_json(indent=1))
 
 
 # -- analysis ---------------------------------------------------------------------------------
