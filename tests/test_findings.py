@@ -498,3 +498,14 @@ def test_load_costs_accepts_every_form(tmp_path):
     assert load_costs({"a": 1.0, "b": float("nan")}).site_flops == {"a": 1.0}
     with pytest.raises(OpscopeError, match="no such file"):
         load_costs(tmp_path / "none.json")
+
+
+def test_measure_without_scipy_says_why_under_the_table(seven, monkeypatch, capsys):
+    """`mine --measure` without scipy: the table's meas column is '-', and one line under it says why."""
+    from onnx_opscope.findings import plan
+
+    monkeypatch.setattr(plan, "_have_scipy", lambda: False)
+    paths, _ = seven
+    assert main(["mine", str(paths["sparse90"]), "--measure"]) == 0
+    out = capsys.readouterr().out
+    assert "meas: not measured: scipy is not installed (pip install 'onnx-opscope[measure]')" in out

@@ -106,7 +106,7 @@ def run(args: argparse.Namespace) -> int:
     for f in top_actions(findings, 1):
         for step in next_steps(f, str(model), str(result.table), feed_flags(asdict(feeds)))[:1]:
             line = f"next: {step.what} {f.site} ({f.role}, {f.rule}): {step.command}"
-            console.print(line, highlight=False, soft_wrap=True)
+            console.print(line, highlight=False, soft_wrap=True, markup=False)  # a command, not rich markup
     page = report(result.table, out_dir / "report.html", findings=findings, costs=costs)
     console.print(f"\n[bold]report[/]: {page}\ntable:  {result.table}\nsites:  {result.sites}")
     return 0

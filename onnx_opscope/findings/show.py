@@ -86,7 +86,7 @@ def print_findings(
     if any(f.rule == "dense" for f in shown):
         console.print(f"dense: {DENSE_NOTE}.")
     for note in measure_notes(shown):
-        console.print(f"meas: {note}", highlight=False)
+        console.print(f"meas: {note}", highlight=False, markup=False)  # "[measure]" is not a style
     actions = [(i, f) for i, f in enumerate(shown, 1) if f.action]
     for i, f in actions:
         checked = ""
@@ -94,4 +94,4 @@ def print_findings(
             v = f.validation
             top1 = "" if v.get("top1") is None else f", top-1 {v['top1']:.1%}"
             checked = f"  ({'validated' if v['passed'] else 'NOT validated'}: cosine {v.get('cosine', float('nan')):.6f}{top1})"
-        console.print(f"#{i} {f.site}: {f.action}{checked}", soft_wrap=True, highlight=False)
+        console.print(f"#{i} {f.site}: {f.action}{checked}", soft_wrap=True, highlight=False, markup=False)
