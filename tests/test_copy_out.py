@@ -12,7 +12,7 @@ from onnx import TensorProto
 
 from onnx_opscope import sketch as sk
 from onnx_opscope import zoo
-from onnx_opscope.instrument import decode_tap, host_values, inject
+from onnx_opscope.instrument import decode_tap, decode_taps, host_values, inject
 from onnx_opscope.run import FeedSpec, RuntimeConfig, make_session, read_table, record
 
 NAMES = sk.resolve(None) + ["l1", "nnz"]  # every sketch with a segmented form, plus one without
@@ -143,3 +143,37 @@ def test_record_with_copied_taps_equals_graph_taps(tmp_path, name, dims):
         assert abs(c["value"] - r["value"]) <= max(tol.rtol * scale, tol.atol * scale, 1e-6 * scale) or (
             np.isnan(c["value"]) and np.isnan(r["value"])
         ), (key(r), r["value"], c["value"])
+
+
+@pytest.mark.parametrize("flag", [True, False])
+def test_copied_taps_in_if_branches(flag):
+    """Tensors of If branches (two levels) are copied too; the branch not taken leaves its taps out, the
+    taken one's values are the numpy references of the real tensors, as the graph's taps give."""
+    model = zoo.build("if_model")
+    feeds = {
+        "x": np.random.default_rng(2).standard_normal((4, 16)).astype(np.float32),
+        "flag": np.array(flag),
+    }
+    runs = {}
+    for mode, cap in (("graph", 0), ("copied", None)):
+        opts = sk.SketchOptions(copy_out_max=cap)
+        inst, manifest = inject(model, None, ["all"], opts, input_shapes={"x": [4, 16]})
+        sess = make_session(inst, RuntimeConfig(graph_opt="disable"))
+        outs = dict(zip([o.name for o in sess.get_outputs()], sess.run(None, feeds)))
+        runs[mode] = (manifest, decode_taps(manifest, outs, host_values(manifest, model)))
+    manifest, copied = runs["copied"]
+    in_branches = [t for t in manifest.taps if t.copied and t.graph]
+    assert len({t.graph.count("/") for t in in_branches}) >= 2  # the outer If's branches and the nested one's
+    graph_manifest, graph = runs["graph"]
+    by_tensor = {(t.graph, t.tensor): t.id for t in graph_manifest.taps}
+    for t in manifest.taps:
+        want, got = graph[by_tensor[(t.graph, t.tensor)]], copied[t.id]
+        assert (got[1] is None) == (want[1] is None), t.tensor  # ran in both or in neither
+        if got[1] is not None:
+            assert got[1] == want[1]
+            for name in t.sketches:
+                tol = sk.REGISTRY[name].tol
+                np.testing.assert_allclose(got[0][name], want[0][name], rtol=max(tol.rtol, 1e-5), atol=1e-5,
+                                           equal_nan=True, err_msg=f"{t.tensor} {name}")  # fmt: skip
+    assert any(copied[t.id][1] is None for t in in_branches)  # the branch not taken
+    assert any(copied[t.id][1] is not None for t in in_branches)

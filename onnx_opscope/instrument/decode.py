@@ -37,6 +37,8 @@ def decode_tap(
             hint="its values come from host_values(); decode() and decode_taps() take them as host=",
         )
     if tap.copied:  # the tensor itself: its sketches are the numpy references
+        if not _copied_ran(tap, raw_out):
+            return {}, None
         x = np.asarray(raw_out[tap.outputs["tensor"]])
         return sk.references(tap.sketches, x, tap.info(), opts), list(x.shape)
     parts = _split_iterations(tap, raw_out)
@@ -50,6 +52,11 @@ def decode_tap(
     numels = [math.prod(s) for s in shapes]
     merged = sk.merge_parts(names, values, numels)
     return {name: merged[name] for name in tap.sketches}, shapes[-1]
+
+
+def _copied_ran(tap: TapRecord, raw_out: dict[str, np.ndarray]) -> bool:
+    """A copied tap in an If branch carries the [1, *shape] marker, empty when the branch did not run."""
+    return "shape" not in tap.outputs or np.asarray(raw_out[tap.outputs["shape"]]).size > 0
 
 
 def _split_iterations(tap: TapRecord, raw_out: dict[str, np.ndarray]) -> list[dict[str, np.ndarray]]:
@@ -125,10 +132,12 @@ def decode_taps(
     opts = manifest.sketch_options()
     decoded = {t.id: decode_tap(t, outputs, opts) for t in manifest.taps if not (t.constant or t.copied)}
     copied = [t for t in manifest.taps if t.copied]
-    if copied:  # all together: one numpy pass per statistic over every copied tensor of the run
-        arrays = [np.asarray(outputs[t.outputs["tensor"]]) for t in copied]
-        values = sk.batched_references([t.sketches for t in copied], arrays, [t.info() for t in copied], opts)
-        decoded.update({t.id: (v, list(a.shape)) for t, a, v in zip(copied, arrays, values)})
+    decoded.update({t.id: ({}, None) for t in copied})  # until they are known to have run
+    ran = [t for t in copied if _copied_ran(t, outputs)]
+    if ran:  # all together: one numpy pass per statistic over every copied tensor of the run
+        arrays = [np.asarray(outputs[t.outputs["tensor"]]) for t in ran]
+        values = sk.batched_references([t.sketches for t in ran], arrays, [t.info() for t in ran], opts)
+        decoded.update({t.id: (v, list(a.shape)) for t, a, v in zip(ran, arrays, values)})
     if not const:
         return decoded
     ran: dict[str, bool] = {}  # graph -> whether its live taps ran (they all run, or none)

@@ -124,7 +124,7 @@ def inject(
     if converts_s8_to_u8(providers):
         unsigned_pairs(target.index, taps, target.constants)
     if options.copy_out_max:
-        mark_copied(taps, target.table, options.copy_out_max, _shapes_of(input_shapes, target))
+        mark_copied(taps, target.table, options.copy_out_max, _shapes_of(input_shapes, target), target.index)
     inserts = build(target, taps, options, placement)
     expose_all(target, taps, options)
     splice_all(target.index, inserts)
@@ -199,10 +199,15 @@ def _shapes_of(input_shapes: InputShapes | None, target: _Target) -> Mapping[str
 
 
 def mark_copied(
-    taps: list[TapRecord], table: ShapeTable, limit: int, input_shapes: Mapping[str, Sequence[int]]
+    taps: list[TapRecord],
+    table: ShapeTable,
+    limit: int,
+    input_shapes: Mapping[str, Sequence[int]],
+    index: ModelIndex,
 ) -> None:
-    """Mark the taps copied out whole: main-graph activations (no weight, no QDQ read, no shadow
-    softmax) of at most `limit` elements at `input_shapes`, every sketch of which has a reference."""
+    """Mark the taps copied out whole: activations (no weight, no QDQ read, no shadow softmax) of the
+    main graph or of If branches (not Loop / Scan bodies, whose outputs stack) of at most `limit`
+    elements at `input_shapes`, every sketch of which has a reference."""
     where = (re.fullmatch(r"(.*)\[(\d+)\]", w) for w in table.symbols.values())
     values = {}
     for sym, m in zip(table.symbols, where):
@@ -211,12 +216,23 @@ def mark_copied(
             values[sym] = int(shape[int(m.group(2))])
     for tap in taps:
         if (
-            tap.constant or tap.graph or tap.dequant is not None or not tap.sketches or tap.rank is None
+            tap.constant or not _in_if_branches(index, tap.graph) or tap.dequant is not None or not tap.sketches
+            or tap.rank is None
             or tap.tensor.endswith(SHADOW_SUFFIX) or any(sk.REGISTRY[n].reference is None for n in tap.sketches)
         ):  # fmt: skip
             continue
         numel = tap.numel if tap.numel is not None else _numel_at(table.shape(tap.tensor), values)
         tap.copied = numel is not None and numel <= limit
+
+
+def _in_if_branches(index: ModelIndex, path: str) -> bool:
+    """Whether the graph at `path` is the main graph or reached through If branches alone."""
+    while path:
+        entry = index[path]
+        if entry.owner is None or entry.owner.op_type != "If" or not entry.carried:
+            return False
+        path = entry.parent or ""
+    return True
 
 
 def _numel_at(shape: tuple | None, values: Mapping[str, int]) -> int | None:
@@ -259,6 +275,9 @@ def build(target: _Target, taps: list[TapRecord], options: sk.SketchOptions, pla
         if tap.copied:  # the tensor itself, under a name of ours (it may be an input or an output already)
             copy = target.names.fresh(f"opscope_t{k}_tensor")
             nodes, tap.outputs = [helper.make_node("Identity", [source], [copy], name=copy)], {"tensor": copy}
+            if tap.graph:  # in an If branch: the shape tells a branch not taken (empty) from an empty tensor
+                marker, raws = templates.build(f"opscope_t{k}_", source, tap.info(), [])
+                nodes, tap.outputs = [*marker, *nodes], {**raws, "tensor": copy}
         else:
             nodes, tap.outputs = templates.build(f"opscope_t{k}_", source, tap.info(), tap.sketches)
         if placement == "end":
@@ -282,6 +301,15 @@ def expose_all(target: _Target, taps: list[TapRecord], options: sk.SketchOptions
     and `stacked` with the Loop / Scan levels each tap's outputs gained."""
     for tap in taps:
         if tap.copied:
+            if "shape" in tap.outputs:
+                tap.outputs["shape"], _ = expose(
+                    target.index,
+                    tap.graph,
+                    tap.outputs["shape"],
+                    sk.raw_dtype("shape", options),
+                    1,
+                    target.names,
+                )
             tap.outputs["tensor"], tap.stacked = expose(
                 target.index, tap.graph, tap.outputs["tensor"], tap.elem_type, tap.rank, target.names
             )
