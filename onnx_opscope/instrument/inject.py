@@ -87,6 +87,7 @@ class _Target:
     names: Names
     opset: int
     constants: Constants | None
+    light: ModelProto  # the weightless copy the shapes were inferred on
     sites: list[Site] = field(default_factory=list)
 
 
@@ -165,7 +166,7 @@ def _prepare(model: ModelLike, sites: list[Site] | Selection | None) -> _Target:
     names = index.names()
     # IR 3 wants every initializer listed as a graph input too: keep Constant nodes there.
     constants = Constants(names) if m.ir_version >= 4 else None
-    return _Target(m, index, table, names, opset, constants, list(sites))
+    return _Target(m, index, table, names, opset, constants, light, list(sites))
 
 
 def _choose(light: ModelProto, table: ShapeTable, sites: list[Site] | Selection | None) -> list[Site]:
@@ -194,7 +195,7 @@ def _shapes_of(input_shapes: InputShapes | None, target: _Target) -> Mapping[str
     if input_shapes is None:
         return {}
     if callable(input_shapes):
-        return input_shapes(without_weight_data(target.model))
+        return input_shapes(target.light)
     return input_shapes
 
 
