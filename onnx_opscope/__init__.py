@@ -20,6 +20,9 @@ The public API: each function is one call for what its `opscope` command does.
     apply_weight_plan(model, plan)     the plan stored in the model               (opscope rewrite weights)
     fake_quant(model) / skip_blocks(model, adds)  rewrites, typed results          (opscope rewrite)
     write_rewrite(model, rewritten, out)  save it and score it against the model
+    LiveRecorder(session, every=N)     a serving session sampled into bounded online sketches:
+                                       .summary(), .findings() (memoize, drift), .save(path)
+    GuardedMemo(session, capacity=...)  outputs cached behind a hash and an exact-bytes check
 
 Names are imported on first use, so `import onnx_opscope` stays cheap (no onnxruntime,
 pyarrow or matplotlib until a function that needs them is called).
@@ -67,6 +70,8 @@ _API = {
     "write_rewrite": "run",
     "plan_weights": "run",
     "Engine": "run",
+    "LiveRecorder": "run",
+    "GuardedMemo": "run",
     "survey": "analysis.survey",
     "calibrate": "calibration",
     "analyze": "analysis",

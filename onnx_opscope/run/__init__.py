@@ -8,7 +8,9 @@
 - `parity`: a model against its rewrite or against itself on another provider;
 - `rewrite`: a rewrite saved beside its source's weights, and scored against it;
 - `weights`: weight plans per byte budget, each applied and scored end to end;
-- `engine`: where batches run (this process, or Ray workers).
+- `engine`: where batches run (this process, or Ray workers);
+- `live`: `LiveRecorder`, a serving session sampled on 1 call in N into bounded online sketches;
+- `memo`: `GuardedMemo`, a session whose outputs are cached under a hash and an exact-bytes guard.
 """
 
 from .engine import Engine
@@ -22,6 +24,8 @@ from .feeds import (
     synthetic_feeds,
 )
 from .kernels import KernelChange, KernelChangeWarning, keep_kernels
+from .live import LiveFinding, LiveRecorder
+from .memo import GuardedMemo
 from .parity import parity, parity_models, parity_providers, validate_skips
 from .recorder import RecordResult, record
 from .rewrite import WrittenRewrite, write_rewrite
@@ -59,4 +63,7 @@ __all__ = [
     "WeightPlans",
     "plan_weights",
     "Engine",
+    "LiveRecorder",
+    "LiveFinding",
+    "GuardedMemo",
 ]
