@@ -3,6 +3,8 @@
 The public API: each function is one call for what its `opscope` command does.
 
     analyze(model)                     static per-op cost, roofline, roll-ups      (opscope analyze)
+    profile_nodes(model)               measured time per node, fused kernels mapped back, measured
+                                       roofline verdicts, region times        (opscope analyze --profile)
     inject(model, sites, sketches)     instrumented model + manifest               (opscope inject)
     keep_kernels(model, sites_of(model), RuntimeConfig())  the sites without taps that would
                                        change onnxruntime's integer kernels (record and the CLI do it)
@@ -75,6 +77,7 @@ _API = {
     "survey": "analysis.survey",
     "calibrate": "calibration",
     "analyze": "analysis",
+    "profile_nodes": "analysis.costs",
     "find_motifs": "analysis",
     "MineConfig": "findings",
     "mine": "findings",

@@ -33,6 +33,7 @@ from collections import Counter
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field, replace
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import numpy as np
 from onnx import ModelProto, NodeProto
@@ -46,6 +47,11 @@ from ..shapes.symbolic import Dimlike, Poly, evaluate, free_symbols, prod, to_nu
 from ..shapes.symbolic import add as _add
 from .opcosts import CONTROL_FLOW, FORMULAS, PARTIAL_READS, VIEWS, Gemm, op_count
 from .roofline import Device, classify, est_time, get_device, intensity
+
+if TYPE_CHECKING:  # they bring onnxruntime, which the static analysis does not need
+    from ..run.session import RuntimeConfig
+    from .bandwidth import Measured
+    from .profile import NodeProfile
 
 _RANK_SYMBOL_VALUE = 64  # symbols still free are set to this only to compare If branches
 
@@ -94,7 +100,8 @@ class Report:
     notes: list[str] = field(default_factory=list)
     weights_unique_bytes: Dim = 0
     params: Dim = 0
-    profile: dict[str, float] | None = None  # op kind -> measured seconds (analyze(profile=True))
+    profile: dict[str, float] | None = None  # op kind -> measured seconds per run (analyze(profile=True))
+    node_profile: NodeProfile | None = None  # the measured time per node behind `profile`
     totals: dict = field(default_factory=dict)
     by_op: list[dict] = field(default_factory=list)
     gemm_shapes: list[dict] = field(default_factory=list)
@@ -165,6 +172,7 @@ class Report:
             "notes": self.notes,
             "records": self.to_records(),
             **self.rollups_dict(),
+            **({"profile": self.node_profile.to_dict()} if self.node_profile is not None else {}),
         }
 
     def to_json(self, indent: int | None = None) -> str:
@@ -189,6 +197,8 @@ def analyze(
     profile: bool = False,
     profile_runs: int = 3,
     seed: int = 0,
+    runtime: RuntimeConfig | None = None,
+    regions: bool = False,
 ) -> Report:
     """Per-node FLOPs, bytes, intensity and roofline class, with roll-ups.
 
@@ -196,8 +206,9 @@ def analyze(
     ({"batch": 4}); symbols left free stay symbols in the costs. `device` picks a roofline
     preset (roofline.DEVICES) and `ridge` overrides its ridge point. `symbolic` controls
     onnxruntime's symbolic shape inference ("auto", True, False). `profile` also runs the
-    model with onnxruntime on CPU over a seeded synthetic feed and adds measured time
-    shares per op kind.
+    model over a seeded synthetic feed on `runtime`'s provider and optimization level (default
+    CPU, "all") and adds measured time per node and op kind (`profile_nodes`; `regions`:
+    also the time of the attention and MLP blocks, measured with the skip rewrite).
     """
     proto = load_model(model)
     dev = get_device(device, ridge)
@@ -217,10 +228,36 @@ def analyze(
         model_sha256=model_sha256(proto) if isinstance(model, ModelProto) else file_sha256(model),
     )
     if profile:
-        from .profile import profile_ops  # runs the model: onnxruntime is imported only when asked
-
-        report.profile = profile_ops(model, shapes, dims, runs=profile_runs, seed=seed)
+        report.node_profile = profile_nodes(
+            model, shapes, dims, config=runtime, runs=profile_runs, seed=seed, regions=regions
+        )
+        report.profile = report.node_profile.seconds_by_op()
     return _finish(report)
+
+
+def profile_nodes(
+    model: ModelLike,
+    shapes: Mapping[str, Sequence[int | str]] | None = None,
+    dims: Mapping[str, int] | None = None,
+    *,
+    config: RuntimeConfig | None = None,
+    runs: int = 3,
+    seed: int = 0,
+    regions: bool = False,
+    measured: Measured | None = None,
+) -> NodeProfile:
+    """Measured seconds per node on `config`'s provider and optimization level (default CPU, "all"),
+    fused kernels mapped back onto the nodes they replaced, against a measured roofline.
+
+    Runs on seeded synthetic feeds; the static costs are priced at the fed shapes, so time, FLOPs and
+    bytes line up per node (`profile.measure_nodes`). `regions`: also time the model with its
+    attention / MLP blocks skipped. `measured`: a roofline already probed on this provider.
+    """
+    from .profile import measure_nodes, profile_feeds  # runs the model: onnxruntime only when asked
+
+    feeds = profile_feeds(model, shapes, dims, seed)
+    static = analyze(model, {k: list(np.shape(v)) for k, v in feeds.items()})
+    return measure_nodes(model, feeds, static, config=config, runs=runs, regions=regions, measured=measured)
 
 
 def site_flops(model: ModelLike, shapes: Mapping[str, Sequence[int | str]] | None = None) -> dict[str, float]:

@@ -1,11 +1,14 @@
 """`opscope analyze`: static per-op cost, roofline and roll-ups of a model (`onnx_opscope.analyze`); with
-`--motifs`, its repeated chains and cones instead (`onnx_opscope.find_motifs`)."""
+`--motifs`, its repeated chains and cones instead (`onnx_opscope.find_motifs`); with `--profile`, measured
+time per node on the provider and optimization level given, against the measured roofline
+(`onnx_opscope.profile_nodes`)."""
 
 from __future__ import annotations
 
 import argparse
 import sys
 from collections.abc import Callable
+from pathlib import Path
 
 from ..analysis import DEVICES, Motifs, Report, analyze
 from ..analysis.motifs import (
@@ -18,7 +21,15 @@ from ..analysis.motifs import (
 )
 from ..errors import OpscopeError
 from ..files import atomic_path, check_writable
-from .options import add_output_argument, add_quiet_argument, add_shape_arguments, shapes_from_args
+from ..run.session import resolve_providers
+from .options import (
+    add_output_argument,
+    add_quiet_argument,
+    add_runtime_arguments,
+    add_shape_arguments,
+    runtime_config_from_args,
+    shapes_from_args,
+)
 
 FORMATS = ("table", "json", "csv", "parquet")
 EPILOG = """examples:
@@ -26,7 +37,9 @@ EPILOG = """examples:
   opscope analyze model.onnx --dim batch=4 --dim seq=128      # give input symbols values
   opscope analyze model.onnx --shape x:1,3,224,224 --device h100 --top 20
   opscope analyze model.onnx --format json -o costs.json      # for `opscope mine/report --costs`
-  opscope analyze model.onnx --profile --shape x:1,3,640,640  # + measured time share per op kind
+  opscope analyze model.onnx --profile --shape x:1,3,640,640  # + measured time per node, op kind, verdicts
+  opscope analyze model.onnx --profile --opt-level disable --provider cuda --roofline-plot roof.png
+  opscope analyze lm.onnx --profile --regions --dim batch=1 --dim seq=64  # + attention / MLP time by skipping
   opscope analyze model.onnx --motifs                         # repeated chains and cones (fusion candidates)
   opscope analyze model.onnx --motifs --format parquet -o motifs.parquet
 """
@@ -52,13 +65,7 @@ def add_parser(subparsers) -> argparse.ArgumentParser:
     p.add_argument("--format", choices=FORMATS, default="table", help="output format (default table)")
     add_output_argument(p, "write to FILE instead of stdout")
     add_quiet_argument(p)
-    p.add_argument(
-        "--profile",
-        action="store_true",
-        help="also run the model on onnxruntime CPU with a seeded synthetic feed and show measured time share per "
-        "op kind",
-    )
-    p.add_argument("--runs", type=int, default=3, help="profiled runs after one warm-up (default 3)")
+    add_profile_arguments(p)
     add_motif_arguments(p)
     p.add_argument(
         "--no-symbolic",
@@ -66,6 +73,31 @@ def add_parser(subparsers) -> argparse.ArgumentParser:
         help="skip onnxruntime's symbolic shape inference (onnx inference + fallback only)",
     )
     return p
+
+
+def add_profile_arguments(p: argparse.ArgumentParser) -> None:
+    """--profile and its knobs (`profile_nodes`'s arguments), with the shared runtime group."""
+    g = p.add_argument_group("measured time (--profile)")
+    g.add_argument(
+        "--profile",
+        action="store_true",
+        help="also run the model with a seeded synthetic feed under onnxruntime's profiler: time per node (fused "
+        "kernels mapped back to the nodes they replaced), per op kind and region, against a measured roofline",
+    )
+    g.add_argument("--runs", type=int, default=3, help="profiled runs after one warm-up (default 3)")
+    g.add_argument(
+        "--regions",
+        action="store_true",
+        help="with --profile: also time the model with its attention blocks, its MLP blocks and both skipped "
+        "(the skip rewrite): attention, MLP, other time and the slack",
+    )
+    g.add_argument(
+        "--roofline-plot",
+        type=Path,
+        metavar="PNG",
+        help="with --profile: draw the measured nodes on the measured roofline to this PNG",
+    )
+    add_runtime_arguments(p, "onnxruntime options of --profile (the provider and level you ship with)")
 
 
 def add_motif_arguments(p: argparse.ArgumentParser) -> None:
@@ -104,6 +136,18 @@ def run(args: argparse.Namespace) -> int:
         raise OpscopeError("--format parquet needs -o FILE")
     if args.motifs and args.profile:
         raise OpscopeError("--motifs and --profile are separate views", hint="run the command once for each")
+    given = {
+        "--regions": args.regions, "--roofline-plot": args.roofline_plot, "--provider": args.provider != "cpu",
+        "--opt-level": args.opt_level != "all", "--threads": args.threads is not None, "--fallback": args.fallback,
+    }  # fmt: skip
+    needs = [flag for flag, on in given.items() if on]
+    if needs and not args.profile:
+        raise OpscopeError(f"{', '.join(needs)} only apply to measured runs: add --profile")
+    runtime = runtime_config_from_args(args)  # checks the provider and level before any work
+    if args.profile:
+        resolve_providers(runtime.providers, fallback=runtime.fallback)
+    if args.roofline_plot:
+        check_writable(args.roofline_plot, inputs=[args.model])
     if args.output:
         check_writable(args.output, inputs=[args.model])
     shapes, dims = shapes_from_args(args, symbols=True)
@@ -118,12 +162,39 @@ def run(args: argparse.Namespace) -> int:
         symbolic=False if args.no_symbolic else "auto",
         profile=args.profile,
         profile_runs=args.runs,
+        runtime=runtime,
+        regions=args.regions,
     )
+    if args.roofline_plot:
+        _write_plot(args.roofline_plot, report.node_profile, args.quiet)
     if args.format == "table":
         from ..analysis.table import print_report
 
-        return _emit(args, report, print_report)
+        return _emit(args, report, _with_profile(print_report) if args.profile else print_report)
     return _emit(args, report, None)
+
+
+def _with_profile(print_report: Callable[..., None]) -> Callable[..., None]:
+    """The cost tables, then the measured profile's."""
+    from ..analysis.profile_table import print_profile
+
+    def both(report: Report, top: int, file=None) -> None:
+        print_report(report, top=top, file=file)
+        print_profile(report.node_profile, top=top, file=file)
+
+    return both
+
+
+def _write_plot(path: Path, prof, quiet: bool) -> None:
+    from ..reporting.plots import Missing, plot_measured_roofline
+
+    plot = plot_measured_roofline(prof)
+    if isinstance(plot, Missing):
+        raise OpscopeError(f"--roofline-plot: {plot.reason}")
+    with atomic_path(path) as tmp:
+        Path(tmp).write_bytes(plot.png)
+    if not quiet:
+        print(f"wrote {path}", file=sys.stderr)
 
 
 def _motifs(args: argparse.Namespace, shapes: dict, dims: dict) -> int:

@@ -24,6 +24,8 @@ from ..findings import Finding, MineConfig, Series
 if TYPE_CHECKING:
     from matplotlib.figure import Figure
 
+    from ..analysis.profile import NodeProfile
+
 MAX_ROWS = 40  # rows in the heatmap and the bar charts
 TOP_CHANNEL_SITES = 4
 ROOF_LABELS = 10  # labelled points on the roofline: the sites with findings, then the top ops by FLOPs
@@ -380,3 +382,57 @@ def make_plots(findings: Sequence[Finding], series: list[Series], cfg: MineConfi
         plot_ranking(shown if shown is not None else [f for f in findings if f.actionable]),
         plot_roofline(roofline, findings),
     ]
+
+
+def plot_measured_roofline(prof: NodeProfile, top: int = ROOF_LABELS) -> Plot | Missing:
+    """Measured nodes on the measured roofline: x intensity (FLOP/byte), y achieved FLOP/s, the memory
+    and compute roofs from the probes (`analysis.bandwidth`), the `top` nodes by time labelled."""
+    from matplotlib.ticker import EngFormatter
+
+    title = "Measured roofline"
+    pts = [n for n in prof.nodes if n.time_s > 0 and n.flops and n.bytes and n.flops_per_s]
+    if not pts:
+        return Missing("measured_roofline", title, "no node that ran has known FLOPs and bytes")
+    m = prof.measured
+    fig = _figure(8.5, 5.5)
+    ax = fig.add_subplot()
+    xs = [n.intensity for n in pts]
+    lo, hi = min(min(xs), m.ridge) / 4, max(max(xs), m.ridge) * 4
+    grid = np.geomspace(lo, hi, 256)
+    ax.plot(grid, np.minimum(m.bandwidth * grid, m.peak_flops), color="black", lw=1.6, label="attainable")
+    ax.plot(grid[grid <= m.ridge], m.bandwidth * grid[grid <= m.ridge], color="#1f77b4", lw=3, alpha=0.4,
+            label=f"memory roof: {m.bandwidth / 1e9:.3g} GB/s (copy probe)")  # fmt: skip
+    ax.plot([m.ridge, hi], [m.peak_flops] * 2, color="#d62728", lw=3, alpha=0.4,
+            label=f"compute roof: {m.peak_flops / 1e9:.3g} GFLOP/s (MatMul probe)")  # fmt: skip
+    ax.plot(grid, 0.5 * m.bandwidth * grid, color="#1f77b4", lw=0.8, ls="--", label="50% of the bandwidth")
+    total = sum(n.time_s for n in pts)
+    colors = {"bandwidth": "#1f77b4", "compute": "#d62728", "latency": "#7f7f7f"}
+    for verdict, color in colors.items():
+        sel = [n for n in pts if n.verdict == verdict]
+        if sel:
+            ax.scatter([n.intensity for n in sel], [n.flops_per_s for n in sel], color=color, alpha=0.6,
+                       s=[12 + 400 * n.time_s / total for n in sel], label=f"{verdict}-bound node", zorder=3)  # fmt: skip
+    for k, n in enumerate(sorted(pts, key=lambda n: -n.time_s)[:top]):
+        above = k % 2 == 0
+        ax.annotate(_short(f"{'/'.join(n.node.split('/')[-2:])} ({n.op_type})", 36), (n.intensity, n.flops_per_s),
+                    xytext=(-8, 14) if above else (8, -16), textcoords="offset points",
+                    ha="right" if above else "left", fontsize=7,
+                    arrowprops={"arrowstyle": "-", "lw": 0.5, "color": "#555"})  # fmt: skip
+    ax.set_xscale("log")
+    ax.set_yscale("log")
+    ax.set_xlim(lo, hi)
+    ax.set_ylim(min(n.flops_per_s for n in pts) / 10, m.peak_flops * 3)
+    ax.yaxis.set_major_formatter(EngFormatter(unit="FLOP/s"))
+    ax.set_xlabel("arithmetic intensity (FLOP / byte, static cost at the fed shapes)")
+    ax.set_ylabel("achieved performance (FLOP/s, measured)")
+    where = ", ".join(p.removesuffix("ExecutionProvider") for p in prof.providers)
+    ax.set_title(f"Measured roofline on {where} (opt level {prof.opt_level}): {len(pts)} nodes, "
+                 f"ridge {m.ridge:.3g} FLOP/byte", fontsize=10)  # fmt: skip
+    ax.legend(fontsize=7, loc="lower right")
+    ax.grid(True, which="major", lw=0.3, alpha=0.5)
+    caption = (
+        "Each point is one node of the model at its static intensity and the FLOP/s it achieved (its FLOPs over "
+        "its measured share of the kernels' time); the area is its share of the time. The roofs are measured on "
+        f"the same provider: {m.source}. The top {top} nodes by time are named."
+    )
+    return Plot("measured_roofline", title, caption, _png(fig))
