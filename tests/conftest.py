@@ -13,6 +13,13 @@ REAL = Path(os.environ.get("OPSCOPE_MODELS", ROOT / "models" / "real"))
 REAL_NAMES = ["ppocrv4_rec", "ppocrv4_det", "silero_vad_v6", "captcha_crnn", "magika_standard_v3_3"]
 
 
+@pytest.fixture(autouse=True, scope="session")
+def _weight_cache_of_this_run(tmp_path_factory) -> None:
+    """Recordings cache weight sketches in the user's cache folder: tests use a fresh one of their own
+    (subprocesses inherit it), so they neither read a stale entry nor leave files behind."""
+    os.environ["OPSCOPE_CACHE_DIR"] = str(tmp_path_factory.mktemp("weight-cache"))
+
+
 def real_model_path(name: str) -> Path:
     """Path of a fetched real model; fails (never skips) when it has not been fetched."""
     path = REAL / f"{name}.onnx"

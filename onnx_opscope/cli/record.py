@@ -81,6 +81,12 @@ def add_parser(sub) -> argparse.ArgumentParser:
         metavar="RTOL[,ATOL]",
         help="parity tolerance (default: exact with --opt-level disable, else 1e-3,1e-4)",
     )
+    p.add_argument(
+        "--no-weight-cache",
+        action="store_true",
+        help="sketch the weights afresh, without reading or writing the weight cache "
+        "($OPSCOPE_CACHE_DIR, default ~/.cache/onnx-opscope; OPSCOPE_CACHE_DIR=off turns it off)",
+    )
     add_quiet_argument(p)
     add_feed_arguments(p)
     add_runtime_arguments(p)
@@ -142,6 +148,7 @@ def run(args: argparse.Namespace) -> int:
             parity_tol=parse_tol(args.parity_tol),
             progress=progress,
             engine=engine_from_args(args),
+            weight_cache=not args.no_weight_cache,
         )
     if not args.quiet:
         par = result.parity

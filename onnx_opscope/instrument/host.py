@@ -17,6 +17,8 @@ named, so the paths of the source and of the instrumented model are the same.
 from __future__ import annotations
 
 import os
+from collections.abc import Iterator
+from dataclasses import asdict
 from pathlib import Path
 
 import numpy as np
@@ -24,22 +26,29 @@ from onnx import TensorProto, numpy_helper
 
 from .. import sketch as sk
 from ..errors import OpscopeError
+from ..graph.chunks import chunkable, nbytes, numel, tensor_chunks
 from ..graph.index import Constant, ModelIndex
 from ..graph.io import ModelLike, model_and_data_dir, read_external_tensor
 from ..graph.proto import is_external
+from . import weight_cache
 from .decode import HostValues
 from .manifest import Manifest, TapRecord
 
+_FLOATS = (TensorProto.FLOAT, TensorProto.FLOAT16, TensorProto.DOUBLE)
+
 
 def host_values(
-    manifest: Manifest, model: ModelLike, base_dir: str | os.PathLike | None = None
+    manifest: Manifest, model: ModelLike, base_dir: str | os.PathLike | None = None, *, cache: bool = False
 ) -> HostValues:
     """tap id -> ({sketch: values}, shape) for every constant tap of `manifest`, from `model`.
 
     `model`: a path (external data is looked up beside it unless `base_dir` says otherwise)
     or a ModelProto (then `base_dir` is the folder its external data lives in; required only
     when a tapped weight is external). Each weight is loaded on its own and dropped after its
-    sketches are taken; shape-only taps read the dims without loading anything.
+    sketches are taken; shape-only taps read the dims without loading anything. Float weights
+    are read a chunk at a time (`graph.chunks`, `sketch.streamed_references`) when their
+    sketches allow it, so the peak is a chunk, not the tensor. `cache`: keep and reuse the
+    values of big weights between runs (`weight_cache`).
     """
     taps = [t for t in manifest.taps if t.constant]
     if not taps:
@@ -53,14 +62,59 @@ def host_values(
         if not tap.sketches and isinstance(src, TensorProto):
             out[tap.id] = ({}, [int(d) for d in src.dims])
             continue
+        info = tap.info()
+        whole = _streamed_tensor(src, tap, opts)
+        if whole is not None:
+            out[tap.id] = _streamed(whole, tap, manifest, base_dir, cache)
+            continue
         x = _array(src, tap, base_dir)
         if tap.dequant is not None:
             x = _dequantized(index, tap, x, base_dir)
-        info = tap.info()
         values = sk.references(tap.sketches, x, info, opts)
         out[tap.id] = (values, [int(d) for d in x.shape])
         del x
     return out
+
+
+def _streamed_tensor(src: Constant, tap: TapRecord, opts: sk.SketchOptions) -> TensorProto | None:
+    """The tensor to sketch a chunk at a time, if the weight is one: a float initializer (or Constant
+    value) whose bytes can be cut in place, and sketches that merge over pieces; else None (the
+    weight is loaded whole)."""
+    t = src if isinstance(src, TensorProto) else next((a.t for a in src.attribute if a.name == "value"), None)
+    if t is None or tap.dequant is not None or t.data_type not in _FLOATS:
+        return None
+    return t if chunkable(t) and sk.streamable(tap.sketches, opts) else None
+
+
+def _streamed(
+    t: TensorProto, tap: TapRecord, manifest: Manifest, base_dir: str | os.PathLike | None, cache: bool
+) -> tuple[dict[str, np.ndarray], list[int]]:
+    opts = manifest.sketch_options()
+    key = None
+    if cache and nbytes(t) >= weight_cache.MIN_BYTES:
+        config = {"sketches": tap.sketches, "options": asdict(opts), "info": asdict(tap.info())}
+        key = weight_cache.weight_key(t, (tap.graph, tap.tensor), config, manifest.source_sha256, base_dir)
+        hit = weight_cache.load(key) if key else None
+        if hit is not None and set(hit[0]) == set(tap.sketches):
+            return hit
+    values = sk.streamed_references(tap.sketches, _chunks(t, tap, base_dir), numel(t), tap.info(), opts)
+    shape = [int(d) for d in t.dims]
+    if key:
+        weight_cache.store(key, values, shape)
+    return values, shape
+
+
+def _chunks(t: TensorProto, tap: TapRecord, base_dir: str | os.PathLike | None) -> Iterator[np.ndarray]:
+    name = t.name or tap.tensor
+    if is_external(t) and base_dir is None:
+        raise OpscopeError(
+            f"weight {name!r} (tap {tap.id}) is stored in external data, and no base_dir says where",
+            hint="pass base_dir= (the folder of the model file the data belongs to)",
+        )
+    try:
+        yield from tensor_chunks(t, base_dir)
+    except (OSError, ValueError) as exc:
+        raise OpscopeError(f"cannot read weight {name!r} (tap {tap.id}): {exc}") from None
 
 
 def _find(index: ModelIndex, tap: TapRecord) -> Constant:

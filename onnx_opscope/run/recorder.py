@@ -32,7 +32,8 @@ from .. import sketch as sk
 from ..compare import DropIn, check_drop_in
 from ..errors import OpscopeError
 from ..files import atomic_path, check_writable, write_text
-from ..graph.io import ModelLike
+from ..graph.chunks import weight_bytes
+from ..graph.io import ModelLike, external_files
 from ..instrument import HostValues, Manifest, Rows, decode, host_values, inject
 from ..sites import Selection, Site
 from .engine import Engine, run_batches, sessions_for
@@ -52,6 +53,9 @@ from .table import (
 RUN_JSON_EVERY = 1.0
 """Seconds between rewrites of a running record's run.json: each costs ~2 ms on ext4, which flushes a
 file replaced by a rename, as much as a small batch's run; so a killed run's count lags by at most this."""
+# Weights from which the parity gate runs after the last batch, not at the first: two sessions at
+# once would hold them twice (a 2 GiB model peaked at 5.2 GB against plain inference's 3.2 GB).
+LATE_PARITY_BYTES = 256 * 2**20
 
 
 @dataclass
@@ -213,11 +217,15 @@ def record(
     base_dir: str | os.PathLike | None = None,
     progress: Callable[[int, int | None], None] | None = None,
     engine: Engine | None = None,
+    weight_cache: bool = True,
 ) -> RecordResult:
     """Record sketches of `model` over the batches of `feeds` into the table at `out`.
 
     `engine`: where the batches run (`run.engine`: this process, or Ray workers each holding a
     session; the table's rows are the same either way, written here in step order).
+    `weight_cache`: reuse the sketches of big weights from an earlier run (`instrument.weight_cache`).
+    A model with `LATE_PARITY_BYTES` of weights or more gets its parity gate after the last batch,
+    once the instrumented session is gone, so the weights are never held twice.
 
     Returns paths and counts; raises OpscopeError for user mistakes and for a failed parity
     gate (the instrumented model's own outputs differ from the plain model's on batch 0 by
@@ -241,14 +249,21 @@ def record(
     batches = iter_feeds(instrumented, feeds)  # the feed options, checked against the model before any run
     # One copy of the model in memory: the instrumented one also gives the feeds' signature and
     # the weights; the plain parity session reads the file itself when there is one.
-    host = host_values(manifest, instrumented, base_dir)  # the weight taps, once, before any batch
     tapped_runtime = for_tapped(runtime)
     engine = engine or Engine()
     want_taps = manifest.output_names()
     want = manifest.original_outputs + want_taps if parity else want_taps
-    # locally the weights go into the session; the proto keeps the graph (the feeds' signature) only
-    model_bytes, factory = sessions_for(engine, instrumented, tapped_runtime, base_dir)
-    session = factory(None) if engine.kind == "local" else None  # on Ray each worker holds its own
+    # The weight taps' sketches, once, before any batch: while onnxruntime builds the session when
+    # the weights are in external data (it reads the files, the sketches read them too); first when
+    # they are inline, since the session takes their bytes out of the proto.
+    with ThreadPoolExecutor(1, thread_name_prefix="opscope-weights") as pool:
+        host_future = pool.submit(host_values, manifest, instrumented, base_dir, cache=weight_cache)
+        if not external_files(instrumented):
+            host_future.result()
+        # locally the weights go into the session; the proto keeps the graph (the feeds' signature) only
+        model_bytes, factory = sessions_for(engine, instrumented, tapped_runtime, base_dir)
+        session = factory(None) if engine.kind == "local" else None  # on Ray each worker holds its own
+        host = host_future.result()
     record_rt = tapped_runtime.to_record(session) | {"engine": asdict(engine)}
     run_id = run_id or f"{Path(manifest.source).stem}-{datetime.now(timezone.utc):%Y%m%dT%H%M%S}"
     labels = (run_id, record_rt["providers"][0].removesuffix("ExecutionProvider").lower(),
@@ -266,6 +281,10 @@ def record(
     pipeline = BatchPipeline(sink)
     gate, complete = None, False
     first: list = []  # batch 0, for the plain model's parity run
+    # A big model's plain session would hold a second copy of the weights beside the instrumented one:
+    # its parity run waits until the last batch is in and the instrumented session is gone.
+    late = parity and engine.kind == "local" and weight_bytes(instrumented) >= LATE_PARITY_BYTES
+    tapped_out: dict[str, np.ndarray] = {}
     try:
         kept = _remember_first(batches, first)
         originals = manifest.original_outputs if parity else []
@@ -278,10 +297,17 @@ def record(
         for step, got in run_batches(engine, model_bytes, factory, kept, want, post):
             batch, plain = (got, got) if engine.kind == "local" else got
             if parity and step == 0:
-                gate = _parity_gate(model, runtime, base_dir, first[0], manifest, plain, tol)
-                meta["parity"] = asdict(gate)
+                if late:
+                    tapped_out = {n: plain[n] for n in originals}
+                else:
+                    gate = _parity_gate(model, runtime, base_dir, first[0], manifest, plain, tol)
+                    meta["parity"] = asdict(gate)
             pipeline.submit(step, batch if isinstance(batch, Decoded) else {n: batch[n] for n in want_taps})
         pipeline.close()
+        if late and first:
+            del session, factory  # the instrumented session's weights go before the plain one loads its own
+            gate = _parity_gate(model, runtime, base_dir, first[0], manifest, tapped_out, tol, late=True)
+            meta["parity"] = asdict(gate)
         complete = True
     except KeyboardInterrupt:
         pipeline.close(quiet=True)  # the batch already run is still written
@@ -328,17 +354,20 @@ def _kept(steps: int, total: int | None, out: Path) -> str:
 
 def _parity_gate(model: ModelLike, runtime: RuntimeConfig, base_dir: str | os.PathLike | None,
                  batch: dict[str, np.ndarray], manifest: Manifest, outputs: dict[str, np.ndarray],
-                 tol: tuple[float, float]) -> DropIn:  # fmt: skip
-    """Run the plain model on `batch` and compare its outputs with the instrumented model's (exit 3 when off)."""
+                 tol: tuple[float, float], late: bool = False) -> DropIn:  # fmt: skip
+    """Run the plain model on `batch` and compare its outputs with the instrumented model's (exit 3 when off).
+    `late`: the check ran after the last batch (a big model), so the table is already written."""
     originals = manifest.original_outputs
     plain = make_session(model, runtime, base_dir=base_dir)
     plain_out = run(plain, batch, originals)
     del plain
     gate = check_drop_in(originals, plain_out, [outputs[n] for n in originals], *tol)
     if not gate.ok:
+        when = "; checked after the last batch (a big model), so the table is written but not marked complete"
         raise OpscopeError(
             f"parity failed on batch 0 ({describe_feeds(batch)}): output {gate.worst_output!r} moved by "
-            f"{gate.max_abs:.3g} ({gate.max_rel:.3g} of its max) with the taps in place (rtol {tol[0]}, atol {tol[1]})",
+            f"{gate.max_abs:.3g} ({gate.max_rel:.3g} of its max) with the taps in place (rtol {tol[0]}, atol {tol[1]})"
+            + (when if late else ""),
             hint="a tap stopped an onnxruntime fusion that changes numerics: leave its site out (--name, --op, "
             "--role), or loosen --parity-tol; --no-parity skips the check (--opt-level disable would measure "
             "another model than the one onnxruntime runs)",

@@ -22,7 +22,7 @@ by testing an opset itself (tests/test_old_opsets.py checks each sketch at opset
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Iterable, Sequence
 
 import numpy as np
 
@@ -37,6 +37,8 @@ from .moments import INF_COUNT, KURTOSIS, L1, MAX, MEAN, MIN, NAN_COUNT, NNZ, SU
 from .options import HIST_MODES, SketchOptions, TapInfo, for_opset, for_providers
 from .routing import ROUTE_LOAD
 from .rows import ADJ_SUMSQ, POS_SUMSQ
+from .streamed import streamable
+from .streamed import streamed_references as _streamed
 from .tap import build_tap, raw_dtype, raw_rank
 
 REGISTRY: dict[str, Sketch] = {
@@ -151,6 +153,14 @@ def batched_references(
     return out
 
 
+def streamed_references(
+    names: Sequence[str], chunks: Iterable[np.ndarray], n: int, info: TapInfo, o: SketchOptions
+) -> dict[str, np.ndarray]:
+    """`references(names, x, info, o)` for the tensor x of `n` elements given as flat pieces in order
+    (`graph.chunks.tensor_chunks`), holding one piece at a time; `streamable(names, o)` must hold."""
+    return _streamed(names, chunks, n, info, o, references, merge_parts)
+
+
 def with_sources(names: Sequence[str]) -> list[str]:
     """`names` plus the sources of its derived sketches (what merging them needs), in registry order."""
     need = set(names) | {r.source for n in names if isinstance(r := REGISTRY[n].merge, Derived)}
@@ -203,5 +213,7 @@ __all__ = [
     "references",
     "resolve",
     "sample_positions",
+    "streamable",
+    "streamed_references",
     "with_sources",
 ]
