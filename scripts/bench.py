@@ -4,6 +4,7 @@
     python scripts/bench.py --quick         # CI smoke run, under a minute: never judge speed by it
     python scripts/bench.py --profile       # where an instrumented bert_like spends its time
     python scripts/bench.py --sketches-alone --models bert_like --skip-extras   # each sketch alone
+    python scripts/bench.py --big 2,6       # models of LLM size: memory and start-up (bench_big.py)
 
 Rows, per model (the tapped ops are every MatMul/Gemm, or the convolutions / LSTMs of the
 models that have none): plain inference with graph optimizations on and off; onnx-opscope
@@ -701,6 +702,9 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--profile", action="store_true", help="onnxruntime profile per op kind, then exit")
     p.add_argument("--contention", action="store_true",
                    help="run a fixed background load (one busy process) while measuring: a shared machine")  # fmt: skip
+    p.add_argument("--big", metavar="GIB[,GIB]",
+                   help="instead: models with this many GiB of external weights, peak RSS and start-up of "
+                   "record / calibrate / weights against plain inference (scripts/bench_big.py)")  # fmt: skip
     p.add_argument("--out", type=Path, help="also write the Markdown report here")
     p.add_argument("--json", type=Path, help="also write the raw per-round results here")
     p.add_argument("--one", help=argparse.SUPPRESS)
@@ -708,6 +712,12 @@ def main(argv: list[str] | None = None) -> int:
     if args.one:
         one(json.loads(args.one))
         return 0
+    if args.big:
+        import bench_big
+
+        return bench_big.main(
+            ["--gib", args.big, "--rounds", str(args.rounds or 3), "--batches", str(args.batches or 4)]
+        )
     s = settings_for(args)
     only = set(args.models.split(",")) if args.models else None
     rows = [r for r in ROWS if r.quick or not s.quick]
