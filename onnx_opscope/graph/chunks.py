@@ -52,16 +52,18 @@ def chunkable(t: TensorProto) -> bool:
 
 
 def tensor_chunks(
-    t: TensorProto, base_dir: str | os.PathLike | None, max_bytes: int = CHUNK_BYTES
+    t: TensorProto, base_dir: str | os.PathLike | None, max_bytes: int = CHUNK_BYTES, align: int = 1
 ) -> Iterator[np.ndarray]:
-    """Flat pieces of `t` in order, each at most `max_bytes`, in its dtype (`chunkable(t)` must hold).
+    """Flat pieces of `t` in order, each at most `max_bytes` (but at least `align` elements) and a
+    multiple of `align` elements (whole rows, say), in its dtype (`chunkable(t)` must hold).
 
     An external tensor is read from its data file into one buffer reused for every chunk: a
     chunk is only valid until the next one is asked for (copy what must outlive it).
     """
     dtype = np.dtype(helper.tensor_dtype_to_np_dtype(t.data_type))
     count = numel(t)
-    step = max(1, max_bytes // dtype.itemsize)
+    align = max(1, align)
+    step = max(1, max_bytes // dtype.itemsize // align) * align
     if not is_external(t):
         flat = np.frombuffer(t.raw_data, dtype=dtype, count=count)
         for start in range(0, count, step):
@@ -75,7 +77,7 @@ def tensor_chunks(
         f.seek(int(info.get("offset", 0)))
         for start in range(0, count, step):
             piece = buffer[: min(step, count - start)]
-            got = f.readinto(memoryview(piece).cast("B"))
+            got = f.readinto(piece.view(np.uint8))  # a byte view: bfloat16 has no buffer format
             if got != piece.nbytes:
                 raise ValueError(f"{info['location']} ends inside tensor {t.name!r}")
             yield piece

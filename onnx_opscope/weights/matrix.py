@@ -30,6 +30,7 @@ tensor. External locations that leave the model's folder are refused (`graph.io`
 
 from __future__ import annotations
 
+import math
 import os
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
@@ -38,6 +39,7 @@ import numpy as np
 from onnx import AttributeProto, NodeProto, TensorProto, numpy_helper
 
 from ..errors import OpscopeError
+from ..graph.chunks import chunkable, tensor_chunks
 from ..graph.index import Constant, GraphEntry, ModelIndex
 from ..graph.io import ModelLike, model_and_data_dir, read_external_tensor
 from ..graph.proto import attr, constant_value, is_external
@@ -212,12 +214,42 @@ def _float_type(src: Constant, tensor: TensorProto | None) -> tuple[str | None, 
     return None, ()  # value_float (one number), ints, strings, sparse_value
 
 
+def _streamed_matrix(view: WeightView, t: TensorProto, base_dir: str | os.PathLike) -> np.ndarray:
+    """`as_matrix` of an external weight, read a slab of leading-axis rows at a time straight into the
+    float32 [rows, cols] matrix: the peak is the matrix, where reading the tensor and moving its
+    output axis first held it twice (a float16 weight three times)."""
+    shape = tuple(int(d) for d in t.dims)
+    out = np.empty((view.rows, view.cols), np.float32)
+    if len(shape) < 2:
+        out.reshape(-1)[:] = np.concatenate([c.astype(np.float32) for c in tensor_chunks(t, base_dir)])
+        return out
+    row = math.prod(shape[1:])
+    inner = row // shape[view.out_axis] if view.out_axis else row  # matrix columns per leading-axis row
+    start = 0
+    for chunk in tensor_chunks(t, base_dir, align=row):
+        slab = chunk.reshape(-1, *shape[1:])
+        n = slab.shape[0]
+        if view.out_axis == 0:
+            out[start : start + n] = slab.reshape(n, -1)
+        else:
+            out[:, start * inner : (start + n) * inner] = np.moveaxis(slab, view.out_axis, 0).reshape(
+                view.rows, -1
+            )
+        start += n
+    return out
+
+
 def _loader(
     view: WeightView, src: Constant, tensor: TensorProto | None, base_dir: str | os.PathLike | None
 ) -> Callable[[], np.ndarray]:
     def load() -> np.ndarray:
         if tensor is None:
             array = np.array(next(a for a in src.attribute if a.name == "value_floats").floats, np.float32)
+        elif is_external(tensor) and base_dir is not None and chunkable(tensor):
+            try:
+                return _streamed_matrix(view, tensor, base_dir)
+            except (OSError, ValueError) as exc:
+                raise OpscopeError(f"cannot read weight {view.name!r}: {exc}") from None
         else:
             array = _tensor_array(view, tensor, base_dir)
         return as_matrix(view, array)
