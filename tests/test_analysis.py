@@ -11,6 +11,7 @@ import contextlib
 import io
 import json
 import math
+import sys
 
 import numpy as np
 import onnx
@@ -984,6 +985,7 @@ def test_symbolic_shapes_do_not_need_sympy(monkeypatch):
         return real_import(name, *args, **kwargs)
 
     monkeypatch.setattr(builtins, "__import__", no_sympy)
+    monkeypatch.delitem(sys.modules, "onnxruntime.tools.symbolic_shape_infer", raising=False)  # loaded afresh
     table = infer_shapes(bert_layer(), symbolic=True)
     assert table.sources["onnxruntime-symbolic"].startswith("unavailable")
     rep = analyze(bert_layer(), symbolic=True)

@@ -28,9 +28,12 @@ any other symbol (a data-dependent size), then unknown.
 from __future__ import annotations
 
 import contextlib
+import importlib.util
 import logging
+import sys
 import time
 from collections.abc import Mapping, Sequence
+from pathlib import Path
 
 import onnx
 from onnx import GraphProto, ModelProto, TensorProto
@@ -323,12 +326,36 @@ def _merge_into(
         table.dtypes.setdefault(name, dt)
 
 
+def _symbolic_shape_infer():
+    """onnxruntime's `tools/symbolic_shape_infer.py`, loaded on its own: the `onnxruntime.tools` package's
+    `__init__` imports torch whenever torch is installed (4 s and 230 MB in every process)."""
+    name = "onnxruntime.tools.symbolic_shape_infer"
+    if name in sys.modules:
+        return sys.modules[name]
+    ort = importlib.util.find_spec("onnxruntime")
+    if ort is None or ort.origin is None:
+        raise ImportError("onnxruntime is not installed")
+    spec = importlib.util.spec_from_file_location(
+        name, Path(ort.origin).parent / "tools" / "symbolic_shape_infer.py"
+    )
+    if spec is None or spec.loader is None:
+        raise ImportError("onnxruntime has no tools/symbolic_shape_infer.py")
+    module = importlib.util.module_from_spec(spec)
+    sys.modules[name] = module  # its logger and pickling look itself up by this name
+    try:
+        spec.loader.exec_module(module)
+    except BaseException:
+        del sys.modules[name]
+        raise
+    return module
+
+
 def _ort_symbolic(
     model: ModelProto, strong: set[str]
 ) -> tuple[tuple[dict[str, Shape | None], dict[str, int]] | None, str]:
     """Run onnxruntime's symbolic inference, keeping what it found even when it stops early."""
     try:
-        from onnxruntime.tools.symbolic_shape_infer import SymbolicShapeInference
+        SymbolicShapeInference = _symbolic_shape_infer().SymbolicShapeInference
     except ImportError as exc:  # sympy missing
         return None, f"unavailable ({_one_line(exc)})"
     t0 = time.perf_counter()
