@@ -9,6 +9,7 @@ The public API: each function is one call for what its `opscope` command does.
     keep_kernels(model, sites_of(model), RuntimeConfig())  the sites without taps that would
                                        change onnxruntime's integer kernels (record and the CLI do it)
     record(model, out=..., feeds=...)  run batches, write the sketch table         (opscope record)
+    generate(decoder, prompt, steps=...)  KV-cache loop, prefill/decode steps recorded (opscope generate)
     read_table(path)                   a sketch table: a folder of parts, a killed run's too
     mine(table)                        findings: signals, rules, plan              (opscope mine)
     report(table, out_path)            Markdown / HTML report with plots           (opscope report)
@@ -66,6 +67,7 @@ _API = {
     "make_session": "run",
     "keep_kernels": "run",
     "record": "run",
+    "generate": "run",
     "read_table": "run",
     "parity": "run",
     "validate_skips": "run",

@@ -20,6 +20,7 @@ from ..errors import OpscopeError, did_you_mean
 COMMANDS = [
     "inject",
     "record",
+    "generate",
     "calibrate",
     "analyze",
     "weights",

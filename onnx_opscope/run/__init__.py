@@ -4,6 +4,7 @@
 - `session`: execution providers by short name, session options, one-line failures;
 - `kernels`: `keep_kernels`, the taps that would change onnxruntime's integer kernels, left out;
 - `recorder`: `record` (inject, run every batch, decode, append to the table, parity gate);
+- `generate`: a decoder's KV-cache loop, each prefill / decode step recorded like one of `record`'s batches;
 - `table`: the tidy sketch table, written batch by batch, and `read_table`;
 - `parity`: a model against its rewrite or against itself on another provider;
 - `rewrite`: a rewrite saved beside its source's weights, and scored against it;
@@ -23,6 +24,7 @@ from .feeds import (
     load_data,
     synthetic_feeds,
 )
+from .generate import CacheLayout, GenerateResult, cache_layout, generate
 from .kernels import KernelChange, KernelChangeWarning, keep_kernels
 from .live import LiveFinding, LiveRecorder
 from .memo import GuardedMemo
@@ -66,4 +68,8 @@ __all__ = [
     "LiveRecorder",
     "LiveFinding",
     "GuardedMemo",
+    "CacheLayout",
+    "GenerateResult",
+    "cache_layout",
+    "generate",
 ]

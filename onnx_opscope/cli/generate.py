@@ -1,0 +1,148 @@
+"""`opscope generate`: run a decoder's KV-cache loop and record each prefill and decode step's sketches."""
+
+from __future__ import annotations
+
+import argparse
+from pathlib import Path
+
+from ..errors import OpscopeError
+from ..run.generate import generate
+from .options import (
+    add_output_argument,
+    add_quiet_argument,
+    add_runtime_arguments,
+    add_tap_arguments,
+    csv_items,
+    runtime_config_from_args,
+    selection_from_args,
+    sketch_epilog,
+    sketch_options_from_args,
+    sketches_from_args,
+)
+from .record import parse_tol
+
+EPILOG = """\
+exit codes: 0 done, 2 bad input (file, option, prompt, a model whose cache layout is not recognised),
+3 parity gate failed, 130 interrupted (the finished steps are kept).
+
+examples:
+  opscope generate decoder.onnx --tokens 32 --steps 64 -o gen.parquet
+  opscope generate decoder.onnx --prompt-ids 1,9690,198 --steps 16 --sample --seed 3 -o gen.parquet
+  opscope generate decoder.onnx --prompt-file prompt.txt --steps 256 --every 8 --kind attn -o attn.parquet
+  opscope generate decoder.onnx --tokens 8 --steps 16 --plain     # the plain loop: tokens and timings only
+
+The decoder needs input_ids, optionally attention_mask / position_ids, and past_key_values.{i}.key/value
+inputs each with a present.{i}.key/value output (transformers / optimum exports). The table is
+`record`'s plus two columns: phase (prefill, decode) and position (the step's first token's position).
+"""
+
+
+def add_parser(sub) -> argparse.ArgumentParser:
+    p = sub.add_parser(
+        "generate",
+        help="generate tokens with a decoder's KV cache, recording prefill and decode steps",
+        description="Feed a prompt, then each step's present.* back as past_key_values.*, generating --steps "
+        "tokens (greedy, or --sample), and record every step's sketches into a tidy table with phase "
+        "and position columns. Beside the table: <stem>.sites.csv and <stem>.run.json.",
+        epilog=EPILOG + "\n" + sketch_epilog(),
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
+    p.add_argument("model", type=Path, help="the decoder .onnx model")
+    prompt = p.add_argument_group("prompt", "one of these").add_mutually_exclusive_group(required=True)
+    prompt.add_argument("--tokens", type=int, metavar="N", help="a random prompt of N token ids (seeded)")
+    prompt.add_argument("--prompt-ids", metavar="ID,ID,...", help="the prompt's token ids, comma-separated")
+    prompt.add_argument(
+        "--prompt-file", type=Path, metavar="FILE", help="a file of token ids, whitespace-separated"
+    )
+    g = p.add_argument_group("generation")
+    g.add_argument("--steps", type=int, default=16, metavar="N", help="tokens to generate (default: 16)")
+    g.add_argument("--sample", action="store_true", help="sample from softmax(logits / T) instead of greedy")
+    g.add_argument("--temperature", type=float, default=1.0, metavar="T", help="with --sample (default: 1)")
+    g.add_argument(
+        "--seed", type=int, default=0, metavar="N", help="seed of --tokens and --sample (default: 0)"
+    )
+    g.add_argument("--eos-id", type=int, default=None, metavar="ID", help="stop once every row generated it")
+    g.add_argument(
+        "--every",
+        type=int,
+        default=1,
+        metavar="N",
+        help="record the prefill and one decode step in N (default: every step; decoding a step's taps on the "
+        "host costs more than the step itself on CPU)",
+    )
+    add_output_argument(p, "the table to write: .parquet or .csv", default=Path("generate.parquet"))
+    p.add_argument("--plain", action="store_true", help="run the plain model: no taps, no table")
+    p.add_argument(
+        "--run-id", default=None, help="label of this run in the table (default: model name + time)"
+    )
+    p.add_argument("--no-parity", action="store_true", help="skip the parity gate on the prefill")
+    p.add_argument(
+        "--parity-tol", default=None, metavar="RTOL[,ATOL]", help="parity tolerance, as for record"
+    )
+    add_quiet_argument(p)
+    add_runtime_arguments(p)
+    add_tap_arguments(p)
+    return p
+
+
+def prompt_from_args(args: argparse.Namespace) -> list[int] | None:
+    """The prompt ids of --prompt-ids or --prompt-file (None for --tokens)."""
+    if args.prompt_ids is not None:
+        text, where = ",".join(csv_items([args.prompt_ids])), "--prompt-ids"
+        items = text.split(",") if text else []
+    elif args.prompt_file is not None:
+        try:
+            items, where = args.prompt_file.read_text().split(), str(args.prompt_file)
+        except (OSError, UnicodeDecodeError) as exc:
+            raise OpscopeError(
+                f"{args.prompt_file}: cannot read the prompt ({exc.__class__.__name__})"
+            ) from None
+    else:
+        return None
+    bad = next((t for t in items if not t.lstrip("-").isdigit()), None)
+    if bad is not None or not items:
+        raise OpscopeError(
+            f"{where}: expected token ids (integers), got {bad!r}" if bad else f"{where}: no token ids"
+        )
+    return [int(t) for t in items]
+
+
+def run(args: argparse.Namespace) -> int:
+    prompt = prompt_from_args(args)
+    common = dict(tokens=args.tokens, steps=args.steps, sample=args.sample, temperature=args.temperature,
+                  seed=args.seed, eos_id=args.eos_id, runtime=runtime_config_from_args(args))  # fmt: skip
+    if args.plain:
+        result = generate(args.model, prompt, **common)
+    else:
+        result = generate(
+            args.model,
+            prompt,
+            **common,
+            out=args.output,
+            every=args.every,
+            sites=selection_from_args(args),
+            sketches=sketches_from_args(args),
+            options=sketch_options_from_args(args),
+            placement=args.placement,
+            run_id=args.run_id,
+            parity=not args.no_parity,
+            parity_tol=parse_tol(args.parity_tol),
+        )
+    if args.quiet:
+        return 0
+    prefill, decode = result.step_seconds[0], result.step_seconds[1:]
+    per_token = f", decode {1e3 * sum(decode) / len(decode):.1f} ms/token" if decode else ""
+    timing = f"prefill {result.prompt_len} tokens {1e3 * prefill:.1f} ms{per_token}"
+    if result.table is None:
+        print(f"{args.model}: {result.steps} steps in {result.seconds:.1f}s; {timing}")
+    else:
+        par = result.parity
+        gate = "skipped" if par is None else f"ok (max rel {par.max_rel:.2g} on {par.worst_output!r})"
+        print(
+            f"{result.table}: {result.rows} rows, {result.steps} steps, {len(result.manifest.sites)} sites on "
+            f"{', '.join(result.runtime['providers'])} in {result.seconds:.1f}s; {timing}; parity {gate}"
+        )
+        print(f"sites: {result.sites}\nrun: {result.run}")
+    for row in result.generated.tolist():
+        print("generated:", " ".join(map(str, row)))
+    return 0
