@@ -14,6 +14,7 @@ import sys
 from pathlib import Path
 
 import numpy as np
+import onnx
 import pytest
 from conftest import real_model_path
 from onnx import numpy_helper
@@ -23,6 +24,7 @@ from onnx_opscope import sketch as sk
 from onnx_opscope.errors import OpscopeError
 from onnx_opscope.graph import load_model
 from onnx_opscope.graph.chunks import chunkable, tensor_chunks, weight_bytes
+from onnx_opscope.graph.inplace import load_in_place
 from onnx_opscope.graph.io import read_external_tensor
 from onnx_opscope.instrument import host_values, inject
 from onnx_opscope.run import recorder
@@ -189,3 +191,34 @@ def test_recording_an_external_data_model_costs_little_more_memory_than_plain_in
         peaks[kind] = json.loads(proc.stdout.strip().splitlines()[-1])["peak_mb"]
     # the goal is +10% of plain's peak plus a bounded sketch buffer (the chunk, the decode, Parquet)
     assert peaks["record"] <= 1.10 * peaks["plain"] + 64, peaks
+
+
+def test_inline_weights_referenced_in_place_give_the_same_table(tmp_path, monkeypatch):
+    """captcha_crnn's inline weights read from the model file by onnxruntime and the host sketches,
+    never parsed: the same rows as with them parsed, and the same parity."""
+    path = real_model_path("captcha_crnn")
+    placed = load_in_place(path)
+    full = onnx.load(str(path))
+    moved = [t for t in placed.graph.initializer if t.data_location == onnx.TensorProto.EXTERNAL]
+    assert len(moved) >= 10 and placed.ByteSize() < path.stat().st_size // 20
+    inline = {t.name: numpy_helper.to_array(t) for t in full.graph.initializer}
+    for t in moved:
+        np.testing.assert_array_equal(read_external_tensor(t, path.parent), inline[t.name])
+    tables = {}
+    for label, threshold in (("parsed", 2**62), ("in place", 0)):
+        monkeypatch.setattr(recorder, "IN_PLACE_BYTES", threshold)
+        res = record(path, out=tmp_path / f"{label}.parquet", feeds=FeedSpec(batches=2), run_id="r")
+        assert res.parity.ok and res.manifest.source == str(path)
+        tables[label] = read_table(res.table).to_pandas().sort_values(["step", "site", "role", "stat", "idx"])
+    a, b = (t.reset_index(drop=True) for t in tables.values())
+    assert a.drop(columns="value").equals(b.drop(columns="value"))
+    np.testing.assert_allclose(a["value"], b["value"], rtol=1e-12, atol=0)  # weight sums: chunk order
+
+
+def test_a_file_that_is_not_a_whole_model_gets_load_models_error(tmp_path):
+    bad = tmp_path / "cut.onnx"
+    bad.write_bytes(real_model_path("captcha_crnn").read_bytes()[:100_000])
+    with pytest.raises(OpscopeError, match="truncated or corrupt"):
+        load_in_place(bad)
+    with pytest.raises(OpscopeError, match="no such file"):
+        load_in_place(tmp_path / "missing.onnx")

@@ -35,13 +35,23 @@ from .. import sketch as sk
 from ..compare import DropIn
 from ..errors import OpscopeError, listing
 from ..files import check_writable
-from ..graph.io import ModelLike, load_model
+from ..graph.chunks import weight_bytes
+from ..graph.io import ModelLike, file_sha256, load_model
 from ..instrument import HostValues, Manifest, decode, host_values, inject
 from ..instrument.rows import arrow_int64, arrow_strings
 from ..sites import Selection, Site
 from .feeds import InputSpec, describe_feeds, input_signature
 from .kernels import checked_sites
-from .recorder import BatchPipeline, Decoded, _parity_gate, _providers_quietly, _Sink, _site_dims
+from .recorder import (
+    LATE_PARITY_BYTES,
+    BatchPipeline,
+    Decoded,
+    _parity_gate,
+    _providers_quietly,
+    _Sink,
+    _site_dims,
+    in_place_if_big,
+)
 from .recorder import default_parity_tolerance as _default_tol
 from .session import RuntimeConfig, for_tapped, make_session, session_signature
 from .session import _one_line as one_line
@@ -305,11 +315,15 @@ def _recorded(model: ModelLike, prompt_ids, tokens: int | None, how: Decoding, o
     # sized at the last decode step: decode steps are the many, a prefill's bigger tensors copied out once
     shapes = _step_shapes(layout, batch, 1, prompt_len + how.steps - 1)
 
-    def build(chosen):
-        return inject(model, chosen, sketches, options, placement, providers, input_shapes=shapes)
+    placed = in_place_if_big(model)  # big inline weights read from the file, never parsed
 
-    chosen, left_out = checked_sites(model, sites, runtime, base_dir, lambda c: build(c).model)
+    def build(chosen):
+        return inject(placed, chosen, sketches, options, placement, providers, input_shapes=shapes)
+
+    chosen, left_out = checked_sites(placed, sites, runtime, base_dir, lambda c: build(c).model)
     instrumented, manifest = build(chosen)
+    if not isinstance(model, ModelProto):
+        manifest.source, manifest.source_sha256 = str(model), file_sha256(model)
     manifest.left_out = [asdict(c) for c in left_out]
     host = host_values(manifest, instrumented, base_dir)
     tapped = for_tapped(runtime)
@@ -338,12 +352,19 @@ def _recorded(model: ModelLike, prompt_ids, tokens: int | None, how: Decoding, o
     gate, complete = None, False
     tol = parity if isinstance(parity, tuple) else _default_tol(runtime.graph_opt)
 
+    # as in `record`: a big model's plain session for the gate waits until the tapped one is gone
+    late = bool(parity) and weight_bytes(placed) >= LATE_PARITY_BYTES
+    at_prefill: dict[str, np.ndarray] = {}
+    prefill_feeds = {**layout.feeds(prompt, prompt.shape[1]), **layout.empty_cache(prompt.shape[0])}
+
     def on_step(step: int, outputs: dict[str, np.ndarray]) -> None:
         nonlocal gate
         if step == 0 and parity:
-            feeds = {**layout.feeds(prompt, prompt.shape[1]), **layout.empty_cache(prompt.shape[0])}
-            gate = _parity_gate(model, runtime, base_dir, feeds, manifest, outputs, tol)
-            meta["parity"] = asdict(gate)
+            if late:
+                at_prefill.update({n: outputs[n] for n in manifest.original_outputs})
+            else:
+                gate = _parity_gate(model, runtime, base_dir, prefill_feeds, manifest, outputs, tol)
+                meta["parity"] = asdict(gate)
         pipeline.submit(step, {n: outputs[n] for n in taps})
 
     loop = _Loop(session, layout, taps, how, progress, originals_at_0=bool(parity))
@@ -351,6 +372,12 @@ def _recorded(model: ModelLike, prompt_ids, tokens: int | None, how: Decoding, o
         ids = loop.run(prompt, on_step)
         meta["generated"] = ids[:, prompt.shape[1] :].tolist()
         pipeline.close()
+        if late and at_prefill:
+            loop.session = None  # the tapped session (and its KV cache) goes before the plain one loads
+            del session
+            gc.collect()
+            gate = _parity_gate(model, runtime, base_dir, prefill_feeds, manifest, at_prefill, tol, late=True)
+            meta["parity"] = asdict(gate)
         complete = True
     except KeyboardInterrupt:
         pipeline.close(quiet=True)
