@@ -3,6 +3,8 @@
 The public API: each function is one call for what its `opscope` command does.
 
     analyze(model)                     static per-op cost, roofline, roll-ups      (opscope analyze)
+    per_token(decoder, seq=, past=)  FLOPs and bytes per token of prefill and decode, KV bytes
+                                       per token, their roofline classes  (opscope analyze --decoder)
     profile_nodes(model)               measured time per node, fused kernels mapped back, measured
                                        roofline verdicts, region times        (opscope analyze --profile)
     inject(model, sites, sketches)     instrumented model + manifest               (opscope inject)
@@ -81,6 +83,7 @@ _API = {
     "analyze": "analysis",
     "profile_nodes": "analysis.costs",
     "find_motifs": "analysis",
+    "per_token": "analysis.decoder",
     "MineConfig": "findings",
     "mine": "findings",
     "load_findings": "findings",

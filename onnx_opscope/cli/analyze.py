@@ -1,7 +1,8 @@
 """`opscope analyze`: static per-op cost, roofline and roll-ups of a model (`onnx_opscope.analyze`); with
 `--motifs`, its repeated chains and cones instead (`onnx_opscope.find_motifs`); with `--profile`, measured
 time per node on the provider and optimization level given, against the measured roofline
-(`onnx_opscope.profile_nodes`)."""
+(`onnx_opscope.profile_nodes`); with `--decoder`, a decoder's prefill and decode step per token
+(`analysis.decoder.per_token`)."""
 
 from __future__ import annotations
 
@@ -11,6 +12,7 @@ from collections.abc import Callable
 from pathlib import Path
 
 from ..analysis import DEVICES, Motifs, Report, analyze
+from ..analysis.decoder import DEFAULT_PAST, DEFAULT_SEQ, TokenCosts, per_token, print_token_costs
 from ..analysis.motifs import (
     DEFAULT_MAX_DEPTH,
     DEFAULT_MAX_LEN,
@@ -42,6 +44,7 @@ EPILOG = """examples:
   opscope analyze lm.onnx --profile --regions --dim batch=1 --dim seq=64  # + attention / MLP time by skipping
   opscope analyze model.onnx --motifs                         # repeated chains and cones (fusion candidates)
   opscope analyze model.onnx --motifs --format parquet -o motifs.parquet
+  opscope analyze lm.onnx --decoder --seq 512 --past 1024     # prefill vs decode step per token, KV bytes
 """
 
 
@@ -67,6 +70,7 @@ def add_parser(subparsers) -> argparse.ArgumentParser:
     add_quiet_argument(p)
     add_profile_arguments(p)
     add_motif_arguments(p)
+    add_decoder_arguments(p)
     p.add_argument(
         "--no-symbolic",
         action="store_true",
@@ -131,9 +135,32 @@ def add_motif_arguments(p: argparse.ArgumentParser) -> None:
     )
 
 
+def add_decoder_arguments(p: argparse.ArgumentParser) -> None:
+    """--decoder and the lengths it prices (`per_token`'s arguments)."""
+    g = p.add_argument_group("decoder per token (--decoder)")
+    g.add_argument(
+        "--decoder",
+        action="store_true",
+        help="price a KV-cache decoder's two phases instead: the prefill as a polynomial in its length and a "
+        "decode step in the past's, per token, with the KV-cache bytes per token and each phase's roofline class",
+    )
+    g.add_argument("--seq", type=int, metavar="N", help=f"prefill length (default {DEFAULT_SEQ})")
+    g.add_argument(
+        "--past", type=int, metavar="N", help=f"cached positions of the decode step (default {DEFAULT_PAST})"
+    )
+    g.add_argument("--batch", type=int, metavar="N", help="sequences per step (default 1)")
+
+
 def run(args: argparse.Namespace) -> int:
     if args.format == "parquet" and not args.output:
         raise OpscopeError("--format parquet needs -o FILE")
+    if args.decoder:
+        return _decoder(args)
+    lengths = [
+        f for f, v in (("--seq", args.seq), ("--past", args.past), ("--batch", args.batch)) if v is not None
+    ]
+    if lengths:
+        raise OpscopeError(f"the decoder lengths {', '.join(lengths)} need --decoder")
     if args.motifs and args.profile:
         raise OpscopeError("--motifs and --profile are separate views", hint="run the command once for each")
     given = {
@@ -211,8 +238,31 @@ def _motifs(args: argparse.Namespace, shapes: dict, dims: dict) -> int:
     return _emit(args, motifs, print_motifs)
 
 
-def _emit(args: argparse.Namespace, result: Report | Motifs, print_table: Callable[..., None] | None) -> int:
-    """The result (a cost Report or Motifs) as --format asks, to -o FILE or stdout."""
+def _decoder(args: argparse.Namespace) -> int:
+    others = [
+        f for f, on in (("--motifs", args.motifs), ("--profile", args.profile), ("--shape", args.shape)) if on
+    ]
+    if others:
+        raise OpscopeError(
+            f"--decoder sets the input shapes itself and is a view of its own: drop {', '.join(others)}",
+            hint="--seq / --past / --batch give the lengths, --dim any other symbol",
+        )
+    if args.output:
+        check_writable(args.output, inputs=[args.model])
+    _, dims = shapes_from_args(args, symbols=True)
+    lengths = {
+        k: v for k, v in (("seq", args.seq), ("past", args.past), ("batch", args.batch)) if v is not None
+    }
+    costs = per_token(
+        args.model, **lengths, dims=dims, device=args.device, ridge=args.ridge, symbolic=not args.no_symbolic
+    )
+    return _emit(args, costs, lambda c, top, file=None: print_token_costs(c, file=file))
+
+
+def _emit(
+    args: argparse.Namespace, result: Report | Motifs | TokenCosts, print_table: Callable[..., None] | None
+) -> int:
+    """The result (a cost Report, Motifs or TokenCosts) as --format asks, to -o FILE or stdout."""
     if args.format == "table":
         if args.output:
             with atomic_path(args.output) as tmp, open(tmp, "w") as f:
