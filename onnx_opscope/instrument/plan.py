@@ -27,7 +27,7 @@ SHADOW_TYPE = TensorType(TensorProto.FLOAT, 4, None)  # a shadow softmax: [B, he
 
 def sketches_for_kind(kind: str, names: Sequence[str]) -> list[str]:
     """The sketches a site of `kind` gets from the chosen `names` (see the module doc)."""
-    if kind == "gemm":
+    if kind not in KIND_SKETCHES:  # gemm, norm, rotary: activations, the user's sketches
         return [n for n in names if not sk.REGISTRY[n].kinds]
     own = [n for n in names if kind in sk.REGISTRY[n].kinds]
     return own or [n for n in sk.REGISTRY if n in KIND_SKETCHES.get(kind, ())]

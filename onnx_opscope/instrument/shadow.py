@@ -4,8 +4,9 @@ Fused attention ops (com.microsoft Attention, MultiHeadAttention, GroupQueryAtte
 opset-23 Attention) keep their probabilities inside the kernel. The site finder
 (`sites.attention`) taps `<op's first output>` + SHADOW_SUFFIX; `build_shadow` computes that
 tensor from the op's own inputs (the QKV MatMul and bias for the contrib Attention; raw 2-D /
-3-D masks, key lengths, causal, attention bias, grouped kv heads, softcap, past key for opset
-23) right after the op. The fused op and its outputs are untouched.
+3-D masks, key lengths, causal, attention bias, grouped kv heads, softcap, the past key of
+opset-23 Attention, MultiHeadAttention and GroupQueryAttention) right after the op. The fused
+op and its outputs are untouched.
 """
 
 from __future__ import annotations
@@ -161,6 +162,8 @@ def _multi_head_attention(b: Builder, node: NodeProto, type_of) -> str:
             k = b.op("Add", [k, b.op("Slice", [bias, d, b.op("Mul", [d, b.i64([2])]), b.i64([0])])])
     qh = _heads(b, q, heads)
     kh = k if key_4d else _heads(b, k, heads)
+    if _input(node, 6):  # past key [B, heads, P, d]: one step's scores over past + S keys
+        kh = b.op("Concat", [node.input[6], kh], axis=2)
     scores = _scaled(
         b, b.op("MatMul", [qh, b.op("Transpose", [kh], perm=[0, 1, 3, 2])]), qh, _attr(node, "scale")
     )
@@ -182,9 +185,11 @@ def _softcap(b: Builder, scores: str, cap: float | None) -> str:
 
 
 def _group_query_attention(b: Builder, node: NodeProto) -> str:
-    """com.microsoft GroupQueryAttention (no past, no rotary): causal, optional local window, seqlens_k."""
+    """com.microsoft GroupQueryAttention (no rotary): past key, causal, optional local window, seqlens_k."""
     qh = _heads(b, node.input[0], _attr(node, "num_heads"))
     kh = _heads(b, node.input[1], _attr(node, "kv_num_heads"))
+    if _input(node, 3):  # past key [B, kv_heads, P, d]: one step's scores over past + S keys
+        kh = b.op("Concat", [node.input[3], kh], axis=2)
     scores = _softcap(b, _scaled(b, _qk(b, qh, kh), qh, _attr(node, "scale")), _attr(node, "softcap"))
     scores = _causal(b, scores, -np.inf, max(0, int(_attr(node, "local_window_size", -1))))
     if _input(node, 5):  # seqlens_k[b] = valid length - 1: later keys are padding

@@ -5,8 +5,10 @@ weights values through a MatMul (attention), else as `probs` (a classifier head,
 which the attention rules leave alone. Fused attention ops (com.microsoft Attention,
 MultiHeadAttention, GroupQueryAttention, ONNX opset-23 Attention) have no probabilities to
 tap: the site taps `<first output>` + SHADOW_SUFFIX, a softmax(Q·Kᵀ·scale + masks) that
-`instrument.shadow` rebuilds next to the op from its own inputs. What the shadow cannot
-rebuild (past state, rotary inside the op, packed QKV, 4-D masks, windows) gets no site.
+`instrument.shadow` rebuilds next to the op from its own inputs, past key included
+(MultiHeadAttention and GroupQueryAttention with a KV cache: one step's [B, heads, S, past + S]
+scores, never more). What the shadow cannot rebuild (rotary inside the op, packed QKV, 4-D
+masks, windows, a past buffer shared with present, a quantized cache) gets no site.
 """
 
 from __future__ import annotations
@@ -72,19 +74,20 @@ def fused_unsupported(node: NodeProto, view: GraphView) -> str | None:
             return "4-D Megatron mask"
         return None
     if op == "MultiHeadAttention":
-        if not input_at(node, 1) or input_at(node, 6) or view.rank(node.input[0]) not in (None, 3):
-            return "packed QKV or past state"
+        if not input_at(node, 1) or view.rank(node.input[0]) not in (None, 3):
+            return "packed QKV"
+        if input_at(node, 6) and (view.rank(node.input[1]) == 4 or input_at(node, 8) or input_at(node, 9)):
+            return "past state with a 4-D key, a shared buffer or beam search"
         if input_at(node, 4) and view.rank(node.input[4]) not in (None, 2):
             return "key padding mask other than 2-D"
         return None
     if op == "GroupQueryAttention":
-        if (
-            not input_at(node, 1)
-            or input_at(node, 3)
-            or attr(node, "do_rotary", 0)
-            or attr(node, "smooth_softmax", 0)
-        ):
-            return "packed QKV, past state, rotary or smooth softmax"
+        if not input_at(node, 1) or attr(node, "do_rotary", 0) or attr(node, "smooth_softmax", 0):
+            return "packed QKV, rotary or smooth softmax"
+        if any(input_at(node, i) for i in range(10, len(node.input))) or not attr(node, "causal", 1):
+            return "attention bias, head sink, quantized cache, QK norm or not causal"
+        if input_at(node, 3) and isinstance((view.dims(node.input[3]) or [None] * 3)[2], int):
+            return "a static past: a buffer shared with present"
         return None
     # opset-23 Attention
     if (

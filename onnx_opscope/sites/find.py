@@ -16,6 +16,7 @@ from ..graph.io import opset_version
 from ..graph.proto import DEFAULT_DOMAINS, int_numbers
 from ..shapes import ShapeTable, infer_shapes
 from .attention import FUSED_ATTENTION, fused_attention_taps, softmax_taps
+from .decoder import DECODER_OPS, decoder_site
 from .gemm import GEMM_OPS, gemm_taps
 from .qdq import through_qdq
 from .residual import residual_taps
@@ -40,6 +41,7 @@ TAPPABLE_OPS = (
     "TopK",
     "ArgMax",
     "Add",
+    *DECODER_OPS,
 )
 
 
@@ -47,6 +49,9 @@ def _site_of(node: NodeProto, view: GraphView) -> tuple[str, list[Tap], dict] | 
     if (node.domain, node.op_type) in FUSED_ATTENTION:
         found = fused_attention_taps(node, view)
         return None if found is None else ("attn", *found)
+    decoder = decoder_site(node, view)
+    if decoder is not None:
+        return decoder
     if node.domain not in DEFAULT_DOMAINS:
         return None
     if node.op_type in GEMM_OPS:

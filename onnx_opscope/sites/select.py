@@ -24,7 +24,7 @@ class Selection:
     roles: tuple[str, ...] = ()
     min_numel: int = 0
     max_sites: int | None = None
-    kinds: tuple[str, ...] = ()  # gemm, attn, route, residual
+    kinds: tuple[str, ...] = ()  # gemm, attn, route, residual, norm, rotary (SITE_KINDS)
 
 
 def select(sites: list[Site], sel: Selection, numel: dict[str, int] | None = None) -> list[Site]:

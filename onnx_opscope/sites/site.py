@@ -9,15 +9,16 @@ prefixed by the subgraph path.
 
 Kinds: `gemm` (MatMul, Gemm, Conv, ConvTranspose, LSTM / GRU / RNN, the quantized matmuls),
 `attn` (Softmax and fused attention), `route` (TopK / ArgMax routers), `residual` (an Add of
-x and f(x)). A kind names the sketches its sites get unless the user asks for their own
-(`KIND_SKETCHES`; gemm sites get the user's list).
+x and f(x)), `norm` / `rotary` (a decoder's fused normalizations and rotary embedding,
+`sites.decoder`). A kind names the sketches its sites get unless the user asks for their own
+(`KIND_SKETCHES`; gemm, norm and rotary sites get the user's list).
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass, field, replace
 
-SITE_KINDS = ("gemm", "attn", "route", "residual")
+SITE_KINDS = ("gemm", "attn", "route", "residual", "norm", "rotary")
 KIND_SKETCHES: dict[str, tuple[str, ...]] = {
     "attn": ("attn_qmax", "attn_krecv"),
     "route": ("route_load",),
