@@ -92,6 +92,9 @@ def gemm_dims(site: SiteRecord, shapes: dict[str, list[int]]) -> tuple[int | Non
             lhs, rhs = shapes["lhs"], shapes["rhs"]
             m = prod(lhs[:-1]) if len(lhs) > 1 else 1
             return m, lhs[-1], rhs[-1] if len(rhs) > 1 else 1
+        if op == "MatMulNBits":  # the packed weight is not tapped: K and N are the node's
+            lhs = shapes["lhs"]
+            return prod(lhs[:-1]), a.get("K", lhs[-1]), a.get("N")
         if op == "Gemm":
             sa, sb = shapes["a"], shapes["b"]
             m, k = (sa[1], sa[0]) if a.get("transA") else (sa[0], sa[1])

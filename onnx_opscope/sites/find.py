@@ -18,6 +18,7 @@ from ..shapes import ShapeTable, infer_shapes
 from .attention import FUSED_ATTENTION, fused_attention_taps, softmax_taps
 from .decoder import DECODER_OPS, decoder_site
 from .gemm import GEMM_OPS, gemm_taps
+from .nbits import NBITS_OPS, nbits_taps
 from .qdq import through_qdq
 from .residual import residual_taps
 from .routing import argmax_taps, topk_taps
@@ -41,6 +42,7 @@ TAPPABLE_OPS = (
     "TopK",
     "ArgMax",
     "Add",
+    "MatMulNBits",
     *DECODER_OPS,
 )
 
@@ -49,6 +51,8 @@ def _site_of(node: NodeProto, view: GraphView) -> tuple[str, list[Tap], dict] | 
     if (node.domain, node.op_type) in FUSED_ATTENTION:
         found = fused_attention_taps(node, view)
         return None if found is None else ("attn", *found)
+    if (node.domain, node.op_type) in NBITS_OPS:
+        return "gemm", nbits_taps(node, view), {}
     decoder = decoder_site(node, view)
     if decoder is not None:
         return decoder

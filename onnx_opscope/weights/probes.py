@@ -40,7 +40,8 @@ import pyarrow as pa
 
 from ..errors import OpscopeError
 from ..graph.io import ModelLike
-from .matrix import WeightView, find_weights
+from .matrix import WeightView
+from .nbits import find_weights_packed
 
 GROUPS = (32, 128)
 """Group sizes measured by `probe` (along the input axis)."""
@@ -331,7 +332,7 @@ def probe_weights(
 
     `progress(done, total, name)` is called after each weight.
     """
-    found = find_weights(model, base_dir=base_dir)
+    found = find_weights_packed(model, base_dir=base_dir)  # MatMulNBits' packed weights too, dequantized
     out = []
     for done, (view, load) in enumerate(found, 1):
         w = load()
