@@ -13,13 +13,31 @@ import numpy as np
 import pyarrow as pa
 
 
-class Rows:
-    """Tidy rows of one batch, kept as one chunk per (site, role, stat) until columns are asked for.
+class RowLayout:
+    """What a batch's rows look like apart from their values: one (site, op_type, role, stat, numel, M, K,
+    N) and a row count per chunk. Every batch of a recording usually has the same one, so its Arrow
+    columns are built once per layout (`columns`), and a batch only brings its value column."""
 
-    `to_arrow()` builds the table with dictionary codes and numpy repeats; building Python
-    lists of ~100k strings per batch made decoding cost more than the taps on small models.
-    The list-valued attributes (site, op_type, role, stat, idx, value, numel, M, K, N) stay for
-    callers that iterate.
+    def __init__(self, meta: list[tuple], counts: np.ndarray):
+        self.meta, self.counts = meta, np.asarray(counts, np.int64)
+        self._columns: dict[str, pa.Array] | None = None
+
+    def columns(self) -> dict[str, pa.Array]:
+        """M, K, N, numel, site, op_type, role, stat and idx, in that order, for these chunks."""
+        if self._columns is None:
+            self._columns = _layout_columns(self.meta, self.counts)
+        return self._columns
+
+
+class Rows:
+    """Tidy rows of one batch: one chunk per (site, role, stat), its values kept as numpy arrays until
+    columns are asked for.
+
+    `decode` builds one from a cached `RowLayout` and the batch's value column in one piece
+    (`of_layout`); `add` appends a chunk. `to_arrow()` builds the table with dictionary codes and numpy
+    repeats; building Python lists of ~100k strings per batch made decoding cost more than the taps on
+    small models. The list-valued attributes (site, op_type, role, stat, idx, value, numel, M, K, N)
+    stay for callers that iterate.
     """
 
     COLUMNS = ("site", "op_type", "role", "stat", "idx", "value", "numel", "M", "K", "N")
@@ -28,52 +46,84 @@ class Rows:
     def __init__(self) -> None:
         self._meta: list[tuple] = []  # one (site, op_type, role, stat, numel, M, K, N) per chunk
         self._values: list[np.ndarray] = []
+        self._layout: RowLayout | None = None  # of_layout: meta and counts there, values in _flat
+        self._flat = np.zeros(0)
+
+    @classmethod
+    def of_layout(cls, layout: RowLayout, values: np.ndarray) -> Rows:
+        """Rows of `layout` whose value column is `values` (float64, len = the layout's row count)."""
+        rows = cls()
+        rows._layout, rows._flat = layout, values
+        return rows
+
+    def _unpack(self) -> None:
+        """Back to one array per chunk, before a chunk is added to rows made `of_layout`."""
+        if self._layout is not None:
+            self._meta = list(self._layout.meta)
+            self._values = np.split(self._flat, np.cumsum(self._layout.counts)[:-1]) if self._meta else []
+            self._layout = None
 
     def add(self, meta: tuple, values: np.ndarray) -> None:
         if len(values):
+            self._unpack()
             self._meta.append(meta)
             self._values.append(np.asarray(values, np.float64))
 
     def __len__(self) -> int:
-        return sum(len(v) for v in self._values)
+        return len(self._flat) if self._layout is not None else sum(len(v) for v in self._values)
+
+    def _counts(self) -> np.ndarray:
+        return (
+            self._layout.counts
+            if self._layout is not None
+            else np.array([len(v) for v in self._values], np.int64)
+        )
+
+    def _value(self) -> np.ndarray:
+        if self._layout is not None:
+            return self._flat
+        return np.concatenate(self._values) if self._values else np.zeros(0)
 
     def _repeat(self, field_name: str) -> list:
         i = self._META.index(field_name)
-        return [m[i] for m, v in zip(self._meta, self._values) for _ in range(len(v))]
+        return [m[i] for m, c in zip(self.chunks(), self._counts().tolist()) for _ in range(c)]
 
     def __getattr__(self, name: str) -> list:
         if name in self._META:
             return self._repeat(name)
         if name == "idx":
-            return [j for v in self._values for j in range(len(v))]
+            return [j for c in self._counts().tolist() for j in range(c)]
         if name == "value":
-            return np.concatenate(self._values).tolist() if self._values else []
+            return self._value().tolist()
         raise AttributeError(name)
 
     def chunks(self) -> list[tuple]:
         """One (site, op_type, role, stat, numel, M, K, N) per chunk of rows, in row order."""
-        return list(self._meta)
+        return list(self._layout.meta if self._layout is not None else self._meta)
 
     def to_pydict(self) -> dict[str, list]:
         return {c: getattr(self, c) for c in self.COLUMNS}
 
     def to_arrow(self) -> pa.Table:
         """The rows as a pyarrow Table with columns M, K, N, numel, site, op_type, role, stat, idx, value."""
-        counts = np.array([len(v) for v in self._values], np.int64)
-        chunk = np.repeat(np.arange(len(counts)), counts)
-        starts = np.cumsum(counts) - counts
-        cols: dict[str, pa.Array] = {}
-        for name in ("M", "K", "N", "numel"):
-            i = self._META.index(name)
-            per_chunk = [m[i] for m in self._meta]
-            missing = np.array([v is None for v in per_chunk], bool)
-            ints = np.array([0 if v is None else v for v in per_chunk], np.int64)
-            cols[name] = arrow_int64(ints[chunk], missing[chunk])
-        labels = tuple(m[:4] for m in self._meta)  # (site, op_type, role, stat) per chunk
-        cols.update(_label_columns(labels, counts.tobytes()))
-        cols["idx"] = arrow_int64(np.arange(len(chunk), dtype=np.int64) - starts[chunk])
-        cols["value"] = arrow_float64(np.concatenate(self._values) if self._values else np.zeros(0))
-        return pa.table(cols)
+        layout = self._layout or RowLayout(self._meta, self._counts())
+        return pa.table({**layout.columns(), "value": arrow_float64(self._value())})
+
+
+def _layout_columns(meta: list[tuple], counts: np.ndarray) -> dict[str, pa.Array]:
+    chunk = np.repeat(np.arange(len(counts)), counts)
+    starts = np.cumsum(counts) - counts
+    cols: dict[str, pa.Array] = {}
+    for name in ("M", "K", "N", "numel"):
+        i = Rows._META.index(name)
+        per_chunk = [m[i] for m in meta]
+        missing = np.array([v is None for v in per_chunk], bool)
+        ints = np.array([0 if v is None else v for v in per_chunk], np.int64)
+        cols[name] = arrow_int64(ints[chunk], missing[chunk])
+    labels = tuple(m[:4] for m in meta)  # (site, op_type, role, stat) per chunk
+    cols.update(_label_columns(labels, counts.tobytes()))
+    cols["idx"] = arrow_int64(np.arange(len(chunk), dtype=np.int64) - starts[chunk])
+    return cols
 
 
 @functools.lru_cache(maxsize=2)
@@ -105,7 +155,8 @@ def arrow_float64(values: np.ndarray) -> pa.Array:
 
 def arrow_strings(labels: list[str], codes: np.ndarray) -> pa.Array:
     """A string column whose row i is labels[codes[i]], its bytes gathered by numpy (a Python join over
-    the rows was half of decoding a batch: on a Ray worker that is time the session does not run)."""
+    the rows was half of decoding a batch: on a Ray worker that is time the session does not run).
+    Its dictionary-encoded twin is kept beside it (`dictionary_twin`) for the Parquet writer."""
     enc = [lab.encode() for lab in labels]
     sizes = np.array([len(e) for e in enc], np.int64)
     lengths = sizes[codes]
@@ -118,6 +169,38 @@ def arrow_strings(labels: list[str], codes: np.ndarray) -> pa.Array:
     # byte j of row i is pool[label_start[codes[i]] + j]: one gather over every byte of the column
     shift = np.repeat(label_start[codes] - offsets[:-1], lengths)
     data = pool[np.arange(offsets[-1], dtype=np.int64) + shift] if len(pool) else np.zeros(0, np.uint8)
-    return pa.Array.from_buffers(
+    column = pa.Array.from_buffers(
         pa.string(), len(codes), [None, pa.py_buffer(offsets.astype(np.int32)), pa.py_buffer(data)]
     )
+    label_offsets = np.zeros(len(enc) + 1, np.int32)
+    np.cumsum(sizes, out=label_offsets[1:])
+    dictionary = pa.Array.from_buffers(
+        pa.string(), len(enc), [None, pa.py_buffer(label_offsets), pa.py_buffer(pool.tobytes())]
+    )
+    indices = pa.Array.from_buffers(pa.int32(), len(codes), [None, pa.py_buffer(codes.astype(np.int32))])
+    _TWINS[_identity(column)] = (column, pa.DictionaryArray.from_arrays(indices, dictionary))
+    while len(_TWINS) > _KEEP_TWINS:
+        _TWINS.pop(next(iter(_TWINS)))
+    return column
+
+
+# Label columns are built once per row layout and reused by every batch; the Parquet writer takes a
+# dictionary-encoded column without hashing its strings again (~1 ms a column on 20k rows, most of
+# what writing a part cost), so each keeps its twin here, by the address of its buffers (a table
+# hands out a new Python object for the same column each time; the entry holds the column, so its
+# buffers stay where they are).
+_TWINS: dict[tuple[int, int, int], tuple[pa.Array, pa.DictionaryArray]] = {}
+_KEEP_TWINS = 32
+
+
+def _identity(column: pa.Array) -> tuple[int, int, int]:
+    _, offsets, data = column.buffers()
+    return offsets.address, data.address if data is not None else 0, len(column)
+
+
+def dictionary_twin(column: pa.Array) -> pa.Array:
+    """The dictionary-encoded twin of a column `arrow_strings` made, or the column itself."""
+    if not pa.types.is_string(column.type) or column.offset:
+        return column
+    twin = _TWINS.get(_identity(column))
+    return twin[1] if twin is not None else column

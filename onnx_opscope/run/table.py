@@ -52,7 +52,7 @@ import pyarrow.parquet as pq
 from ..errors import OpscopeError
 from ..files import atomic_path, remove, write_bytes, writing
 from ..instrument import Manifest, Rows
-from ..instrument.rows import arrow_int64, arrow_strings
+from ..instrument.rows import arrow_int64, arrow_strings, dictionary_twin
 
 SCHEMA = pa.schema([
     ("run_id", pa.string()), ("step", pa.int64()), ("provider", pa.string()), ("dist", pa.string()),
@@ -136,10 +136,28 @@ def encode_part(table: pa.Table, fmt: str, first: bool) -> bytes:
     (the repeated label strings)."""
     buf = pa.BufferOutputStream()
     if fmt == "parquet":
-        pq.write_table(table, buf)
+        # label columns as their dictionary twins (no string hashing); without the Arrow schema in
+        # the file, every reader reads them as the strings they are (the schema holds nothing else).
+        # No min/max statistics for site, op_type, role, stat: every part spans all of them, so they
+        # could never skip a part, and they cost ~1 ms a part.
+        columns = [_twin(c) for c in table.columns]
+        stats = [c for c in table.column_names if c not in _SPANNING]
+        pq.write_table(
+            pa.Table.from_arrays(columns, names=table.column_names),
+            buf,
+            store_schema=False,
+            write_statistics=stats,
+        )
     else:
         pacsv.write_csv(table, buf, pacsv.WriteOptions(include_header=first))
     return buf.getvalue().to_pybytes()
+
+
+_SPANNING = ("site", "op_type", "role", "stat")
+
+
+def _twin(column: pa.ChunkedArray) -> pa.ChunkedArray | pa.Array:
+    return dictionary_twin(column.chunk(0)) if column.num_chunks == 1 else column
 
 
 def is_table_folder(path: Path) -> bool:
