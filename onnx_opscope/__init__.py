@@ -16,8 +16,12 @@ The public API: each function is one call for what its `opscope` command does.
     mine(table)                        findings: signals, rules, plan              (opscope mine)
     report(table, out_path)            Markdown / HTML report with plots           (opscope report)
     parity(a, b) / parity(a, providers=...)  outputs and first diverging layer     (opscope parity)
+    parity_generation(a, b, prompt, steps=)  two decoders over one generated sequence, B fed A's
+                                       tokens: top-1, KL, diverging layer per step (opscope parity --generate)
     calibrate(model, feeds)            quantization ranges of what quantize_static calibrates
                                        (opscope calibrate); caches and QDQ: calibration.export
+    calibrate_generation(decoder, prompt, steps=)  the same over a KV loop's prefill and decode steps
+                                       (opscope calibrate --generate)
     survey(models, record=False)       analyze (and record) many models, a row each (opscope zoo)
     probe_weights(model)               per-weight probes and hints                 (opscope weights)
     plan_weights(model, budgets=...)   per-layer menus, allocators per byte budget, each plan
@@ -72,6 +76,7 @@ _API = {
     "generate": "run",
     "read_table": "run",
     "parity": "run",
+    "parity_generation": "run",
     "validate_skips": "run",
     "write_rewrite": "run",
     "plan_weights": "run",
@@ -80,6 +85,7 @@ _API = {
     "GuardedMemo": "run",
     "survey": "analysis.survey",
     "calibrate": "calibration",
+    "calibrate_generation": "calibration",
     "analyze": "analysis",
     "profile_nodes": "analysis.costs",
     "find_motifs": "analysis",

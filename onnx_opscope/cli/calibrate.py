@@ -11,8 +11,10 @@ from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, T
 
 from ..calibration import EXPORT_FORMATS, METHODS, calibrate, quantize_qdq, write_ranges
 from ..calibration.fp16 import check_precision
+from ..calibration.generation import calibrate_generation
 from ..errors import OpscopeError
 from ..files import check_writable, write_text
+from .generate import add_generation_arguments, generation_from_args
 from .options import (
     add_engine_arguments,
     add_feed_arguments,
@@ -47,6 +49,7 @@ examples:
   opscope calibrate cnn.onnx --op-types Conv,MatMul --symmetric -o cnn.trt --format trt
   opscope calibrate rec.onnx --shape x:1,3,48,320 --batches 32 -o rec_ep --format trt-ep
   opscope calibrate model.onnx --data calib/ --method percentile --percentile 99.99 -o p.json
+  opscope calibrate decoder.onnx --generate --prompt-file prompt.txt --steps 64 -o ranges.json
 """
 
 
@@ -133,6 +136,9 @@ def add_parser(sub) -> argparse.ArgumentParser:
     # off by default: the floats onnxruntime's own calibrator sees (it runs without optimizations)
     add_runtime_arguments(p, opt_level="disable")
     add_engine_arguments(p)
+    add_generation_arguments(
+        p, "calibrate a decoder over the prefill and every decode step of a greedy KV-cache loop, not --data"
+    )
     return p
 
 
@@ -146,15 +152,18 @@ def run(args: argparse.Namespace) -> int:
     for out in (args.output, args.qdq):
         if out is not None:
             check_writable(out, inputs=[args.model, feeds.data])
+    generation = generation_from_args(args)
     if args.check:
+        if generation is not None:
+            raise OpscopeError("--check runs on feeds: it does not take --generate")
         return _check_precision(args, feeds, runtime)
     console = Console(stderr=True, quiet=args.quiet)
     columns = [TextColumn("calibrating"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn()]
     with Progress(*columns, console=console, transient=True, disable=args.quiet) as bar:
         task = bar.add_task("calibrate", total=None)
-        result = calibrate(
+        result = (calibrate if generation is None else calibrate_generation)(
             args.model,
-            feeds,
+            **({"feeds": feeds} if generation is None else generation),
             method=args.method,
             op_types=list(csv_items(args.op_types)) or None,
             runtime=runtime,
@@ -171,7 +180,7 @@ def run(args: argparse.Namespace) -> int:
         extra = f"; {len(result.unobserved)} never ran (no range)" if result.unobserved else ""
         print(
             f"{written}: {args.method} ranges of {len(result.ranges)} tensors ({args.format}) over "
-            f"{result.batches} batches in {result.seconds:.1f}s{extra}"
+            f"{result.batches} {'batches' if generation is None else 'steps'} in {result.seconds:.1f}s{extra}"
         )
         if args.qdq is not None:
             print(f"qdq: {args.qdq}")

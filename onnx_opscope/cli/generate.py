@@ -146,3 +146,39 @@ def run(args: argparse.Namespace) -> int:
     for row in result.generated.tolist():
         print("generated:", " ".join(map(str, row)))
     return 0
+
+
+def add_generation_arguments(parser: argparse.ArgumentParser, what: str) -> None:
+    """--generate, its prompt (--tokens / --prompt-ids / --prompt-file, as `generate` spells them) and
+    --steps: for the commands that can run a decoder's KV loop instead of their feeds (parity, calibrate).
+    A random prompt is seeded by --seed. Read back by `generation_from_args`."""
+    g = parser.add_argument_group("generation", what)
+    g.add_argument("--generate", action="store_true", help=what)
+    one = g.add_mutually_exclusive_group()
+    one.add_argument(
+        "--tokens", type=int, metavar="N", help="a random prompt of N token ids (seeded by --seed)"
+    )
+    one.add_argument("--prompt-ids", metavar="ID,ID,...", help="the prompt's token ids, comma-separated")
+    one.add_argument(
+        "--prompt-file", type=Path, metavar="FILE", help="a file of token ids, whitespace-separated"
+    )
+    g.add_argument(
+        "--steps", type=int, default=None, metavar="N", help="tokens to generate: the prefill and N - 1 decode "
+        "steps (default: 16)"
+    )  # fmt: skip
+
+
+def generation_from_args(args: argparse.Namespace) -> dict | None:
+    """{prompt_ids, tokens, steps, seed} of --generate (None without it); a prompt flag without it is an error."""
+    given = [f for f, v in (("--tokens", args.tokens), ("--prompt-ids", args.prompt_ids),
+                            ("--prompt-file", args.prompt_file), ("--steps", args.steps)) if v is not None]  # fmt: skip
+    if not args.generate:
+        if given:
+            raise OpscopeError(
+                f"{given[0]} goes with --generate", hint="add --generate to run a decoder's KV loop"
+            )
+        return None
+    if not any(f != "--steps" for f in given):
+        raise OpscopeError("--generate needs a prompt: --tokens N, --prompt-ids ID,... or --prompt-file FILE")
+    steps = 16 if args.steps is None else args.steps
+    return {"prompt_ids": prompt_from_args(args), "tokens": args.tokens, "steps": steps, "seed": args.seed}

@@ -1,7 +1,9 @@
 """`opscope parity`: original vs rewritten model, or one model on two execution providers.
 
-Thin: parse, call `onnx_opscope.parity`, print the report. Exit 0
-when every output is within --tol, 1 when not, 2 on a user error (bad file, unknown provider).
+Thin: parse, call `onnx_opscope.parity` (with --generate: `run.parity_generate.parity_generation`, two
+decoders over one generated sequence), print the report. Exit 0 when every output is within --tol (with
+--generate: and B's top-1 is A's token at every step), 1 when not, 2 on a user error (bad file, unknown
+provider).
 """
 
 from __future__ import annotations
@@ -10,8 +12,11 @@ import argparse
 from pathlib import Path
 
 from ..compare import DEFAULT_TOL
+from ..errors import OpscopeError
 from ..files import check_writable, write_text
 from ..run import parity
+from ..run.parity_generate import parity_generation, provider_runtimes
+from .generate import add_generation_arguments, generation_from_args
 from .options import (
     add_feed_arguments,
     add_output_argument,
@@ -27,6 +32,14 @@ EPILOG = """examples:
   opscope parity model.onnx fq.onnx --shape x:1,3,48,320 --tol 0.05   # original vs rewrite
   opscope parity model.onnx --providers cpu,cuda                      # provider vs provider
   opscope parity model.onnx skip.onnx -o parity.json --no-layers
+  opscope parity decoder.onnx decoder_int4.onnx --generate --prompt-ids 1,9690,198 --steps 32
+  opscope parity decoder.onnx --providers cpu,cuda --generate --tokens 16 --steps 64 -o gen.json
+
+With --generate, A decodes --steps tokens greedily after the prompt and B's KV loop is fed A's tokens
+(teacher forcing), so each step compares both next-token distributions on the same prefix: top-1
+agreement (B's argmax is A's token), KL(A || B) and max |logit difference|; the layers are compared at
+the first step whose top-1 differs (else the largest-KL step). The feed options do not apply, but --seed
+seeds a --tokens prompt.
 """
 
 
@@ -65,12 +78,16 @@ def add_parser(subparsers) -> argparse.ArgumentParser:
     add_site_arguments(p, "which sites the layer-wise comparison taps")
     add_feed_arguments(p)
     add_runtime_arguments(p)
+    add_generation_arguments(p, "compare two decoders token by token over one generated sequence")
     return p
 
 
 def run(args: argparse.Namespace) -> int:
     if args.output:
         check_writable(args.output, inputs=[args.model, args.other])
+    generation = generation_from_args(args)
+    if generation is not None:
+        return _run_generation(args, generation)
     report = parity(
         args.model,
         args.other,
@@ -87,3 +104,32 @@ def run(args: argparse.Namespace) -> int:
     if args.output:
         write_text(args.output, report.to_json())
     return 0 if report.passed else 1
+
+
+def _run_generation(args: argparse.Namespace, generation: dict) -> int:
+    """`--generate`: B (or A on the second of --providers) fed A's greedy tokens, step by step."""
+    runtime = runtime_config_from_args(args)
+    if (args.other is None) == (args.providers is None):
+        raise OpscopeError(
+            "give either a second decoder to compare with, or providers to compare (not both)",
+            hint="opscope parity A.onnx B.onnx --generate ...  |  opscope parity A.onnx --providers cpu,cuda ...",
+        )
+    runtime_a, runtime_b = (
+        provider_runtimes(args.providers, runtime) if args.providers else (runtime, runtime)
+    )
+    result = parity_generation(
+        args.model,
+        args.other or args.model,
+        **generation,
+        runtime_a=runtime_a,
+        runtime_b=runtime_b,
+        tol=args.tol,
+        layer_tol=args.layer_tol,
+        selection=selection_from_args(args),
+        layers=not args.no_layers,
+    )
+    if not args.quiet:
+        print(result.format())
+    if args.output:
+        write_text(args.output, result.to_json())
+    return 0 if result.passed else 1

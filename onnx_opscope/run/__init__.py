@@ -7,6 +7,7 @@
 - `generate`: a decoder's KV-cache loop, each prefill / decode step recorded like one of `record`'s batches;
 - `table`: the tidy sketch table, written batch by batch, and `read_table`;
 - `parity`: a model against its rewrite or against itself on another provider;
+- `parity_generate`: two decoders over one generated sequence, B fed A's tokens, step by step;
 - `rewrite`: a rewrite saved beside its source's weights, and scored against it;
 - `weights`: weight plans per byte budget, each applied and scored end to end;
 - `engine`: where batches run (this process, or Ray workers);
@@ -29,6 +30,7 @@ from .kernels import KernelChange, KernelChangeWarning, keep_kernels
 from .live import LiveFinding, LiveRecorder
 from .memo import GuardedMemo
 from .parity import parity, parity_models, parity_providers, validate_skips
+from .parity_generate import GenerationParity, parity_generation
 from .recorder import RecordResult, record
 from .rewrite import WrittenRewrite, write_rewrite
 from .session import RuntimeConfig, make_session, resolve_providers
@@ -53,6 +55,8 @@ __all__ = [
     "parity",
     "parity_models",
     "parity_providers",
+    "parity_generation",
+    "GenerationParity",
     "read_table",
     "record",
     "resolve_providers",
