@@ -87,6 +87,12 @@ def add_parser(sub) -> argparse.ArgumentParser:
         help="sketch the weights afresh, without reading or writing the weight cache "
         "($OPSCOPE_CACHE_DIR, default ~/.cache/onnx-opscope; OPSCOPE_CACHE_DIR=off turns it off)",
     )
+    p.add_argument(
+        "--online",
+        action="store_true",
+        help="also write <stem>.online.json: per site and role a KLL of the sampled values and an HLL of "
+        "the elemsig fingerprints, mergeable across runs (onnx_opscope.sketch.online.read_online)",
+    )
     add_quiet_argument(p)
     add_feed_arguments(p)
     add_runtime_arguments(p)
@@ -149,6 +155,7 @@ def run(args: argparse.Namespace) -> int:
             progress=progress,
             engine=engine_from_args(args),
             weight_cache=not args.no_weight_cache,
+            online=args.online,
         )
     if not args.quiet:
         par = result.parity
@@ -158,4 +165,6 @@ def run(args: argparse.Namespace) -> int:
             f"on {', '.join(result.runtime['providers'])} in {result.seconds:.1f}s; parity {gate}"
         )
         print(f"sites: {result.sites}\nrun: {result.run}", file=sys.stdout)
+        if result.online is not None:
+            print(f"online: {result.online}")
     return 0

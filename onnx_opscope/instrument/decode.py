@@ -474,3 +474,32 @@ def _stacked_raws(
             return None
         got[raw] = v.ravel()
     return got
+
+
+def tap_samples(manifest: Manifest, outputs: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
+    """tap id -> the tensor's sample as flat float64, for the taps of one run that have one and ran: the
+    raw `samples` of an in-graph tap (Loop/Scan iterations one after another), the `histogram.sample_positions`
+    of a copied tensor (the whole tensor when it is small). `histogram.elemsig_of` of it is the table's
+    elemsig (but for Loop/Scan taps, whose elemsig merges the iterations'). Weights have none: they do
+    not change between runs. What online sketches (`record(online=True)`) read; `decode` is untouched."""
+    opts = manifest.sketch_options()
+    out: dict[str, np.ndarray] = {}
+    for t in manifest.taps:
+        if t.constant:
+            continue
+        if t.copied:
+            if _copied_ran(t, outputs):
+                flat = np.asarray(outputs[t.outputs["tensor"]]).ravel()
+                if flat.size:
+                    out[t.id] = flat[sk.sample_positions(flat.size, opts.sample_size)].astype(np.float64)
+            continue
+        if "samples" not in t.outputs:
+            continue
+        if t.stacked == 0:
+            if np.asarray(outputs[t.outputs["shape"]]).size:
+                out[t.id] = _raw_values("samples", np.asarray(outputs[t.outputs["samples"]]))
+            continue
+        parts = [p["samples"] for p in _split_iterations(t, outputs)]
+        if parts:
+            out[t.id] = np.concatenate(parts)
+    return out

@@ -10,10 +10,17 @@ run on a worker thread while the next batch runs (`BatchPipeline`).
 Every output is checked before any work (`files.check_writable`) and nothing is written
 before the first batch is decoded, so a mistake leaves an earlier table and its sidecars as
 they were; the first batch replaces them, and each later one is added whole (`table`).
+
+`online=True` also keeps mergeable online sketches (`sketch.online`) per (site, role): a KLL of up
+to `VALUES_PER_TAP` values a batch of the tensor's sample (evenly strided, as `LiveRecorder` takes
+them) and an HLL of its elemsig fingerprints (all-zero ones left out, as the miner leaves them),
+made per batch where the batch is decoded (a Ray worker's travel back with its part) and merged
+here, written beside the table (`<stem>.online.json`) with run.json, so a killed run keeps them too.
 """
 
 from __future__ import annotations
 
+import functools
 import gc
 import json
 import os
@@ -25,8 +32,10 @@ from dataclasses import asdict, dataclass, field
 from datetime import datetime, timezone
 from functools import partial
 from pathlib import Path
+from typing import Any
 
 import numpy as np
+from datasketches import HLL_8, hll_union
 from onnx import ModelProto
 
 from .. import sketch as sk
@@ -37,7 +46,9 @@ from ..graph.chunks import weight_bytes
 from ..graph.inplace import load_in_place
 from ..graph.io import ModelLike, external_files, file_sha256
 from ..instrument import HostValues, Manifest, Rows, decode, host_values, inject
+from ..instrument.decode import tap_samples
 from ..sites import Selection, Site
+from ..sketch import online as sk_online
 from .engine import Engine, run_batches, sessions_for
 from .feeds import DEFAULT_BATCHES, FeedSpec, describe_feeds, first_batch_shapes, iter_feeds
 from .kernels import checked_sites
@@ -61,6 +72,7 @@ LATE_PARITY_BYTES = 256 * 2**20
 IN_PLACE_BYTES = (
     64 * 2**20
 )  # model files from which inline weights are referenced in place (`in_place_if_big`)
+VALUES_PER_TAP = 256  # a batch's values per tensor in its KLL, as `LiveRecorder`: ~15 us of update each
 
 
 @dataclass
@@ -74,6 +86,7 @@ class RecordResult:
     seconds: float
     parity: DropIn | None = None
     runtime: dict = field(default_factory=dict)
+    online: Path | None = None  # the online sketches beside the table, with `online=True`
 
 
 def default_parity_tolerance(graph_opt: str) -> tuple[float, float]:
@@ -118,13 +131,91 @@ class BatchPipeline:
 
 
 @dataclass(frozen=True)
+class BatchOnline:
+    """One batch's online sketches, per tap that ran: its KLL (serialized, `online.to_bytes`) and its
+    elemsig fingerprint (None when the elemsig is all zeros: it says nothing)."""
+
+    taps: tuple[str, ...]
+    quantiles: tuple[bytes, ...]
+    prints: tuple[int | None, ...]
+
+
+def batch_online(
+    manifest: Manifest, outputs: dict[str, np.ndarray], values_per_tap: int = VALUES_PER_TAP
+) -> BatchOnline:
+    """The online sketches of one batch's tap outputs (`instrument.decode.tap_samples`): ~40 us a tensor."""
+    k = manifest.sketch_options().elemsig_k
+    taps, quantiles, prints = [], [], []
+    for tid, x in tap_samples(manifest, outputs).items():
+        q = sk_online.quantile_sketch()
+        v = x[:: max(1, x.size // values_per_tap)][:values_per_tap].astype(np.float32)
+        v = v[np.isfinite(v)]  # as `online.add_values`
+        if v.size:
+            q.update(v)
+        e = x[_elemsig_positions(x.size, k)]  # histogram.elemsig_of
+        taps.append(tid)
+        quantiles.append(sk_online.to_bytes(q))
+        # all zeros (NaN as zero, as the miner reads them) say nothing: no fingerprint
+        prints.append(sk_online.fingerprint([e]) if (np.abs(e) > 0).any() else None)
+    return BatchOnline(tuple(taps), tuple(quantiles), tuple(prints))
+
+
+@functools.lru_cache(maxsize=256)
+def _elemsig_positions(m: int, k: int) -> np.ndarray:
+    """Where `histogram.elemsig_of` reads a sample of m values: min(k, m) positions j * m / k."""
+    k = min(m, k)
+    return (np.arange(k, dtype=np.int64) * m) // max(k, 1)
+
+
+class OnlineSketches:
+    """The merged online sketches of a run: per tap a KLL and an HLL union, and how many batches gave a
+    fingerprint. State is real (the sketches), hence a class."""
+
+    def __init__(self, manifest: Manifest):
+        self.manifest = manifest
+        self.kll: dict[str, Any] = {}
+        self.hll: dict[str, Any] = {}
+        self.seen: dict[str, int] = {}
+
+    def add(self, batch: BatchOnline) -> None:
+        for tid, q, f in zip(batch.taps, batch.quantiles, batch.prints):
+            if tid not in self.kll:
+                self.kll[tid] = sk_online.quantile_sketch()
+                self.hll[tid] = hll_union(sk_online.HLL_LG_K)
+                self.seen[tid] = 0
+            self.kll[tid].merge(sk_online.from_bytes("kll", q))
+            if f is not None:
+                self.hll[tid].update(f)
+                self.seen[tid] += 1
+
+    def entries(self) -> list[dict]:
+        """`online.save_sketches` entries: per (site, role) that ran its KLL and its HLL (`canonical_distinct`,
+        so the estimate does not depend on how the batches were split or ordered)."""
+        out = []
+        for site in self.manifest.sites:
+            for role, tid in site.roles.items():
+                if tid not in self.kll:
+                    continue
+                label = {"site": site.id, "op_type": site.op_type, "role": role}
+                kll = self.kll[tid]
+                hll = sk_online.canonical_distinct(self.hll[tid].get_result(HLL_8))
+                out.append({**label, "stat": "kll", "seen": kll.n, "sketch": kll})
+                out.append({**label, "stat": "hll", "seen": self.seen[tid], "sketch": hll})
+        return out
+
+    def save(self, path: str | os.PathLike, meta: dict) -> Path:
+        return sk_online.save_sketches(path, self.entries(), {**meta, "values_per_tap": VALUES_PER_TAP})
+
+
+@dataclass(frozen=True)
 class Decoded:
-    """One batch as rows: its table part (encoded, `table.encode_part`), row count and (at step 0)
-    the GEMM dims of its sites."""
+    """One batch as rows: its table part (encoded, `table.encode_part`), row count, (at step 0) the GEMM
+    dims of its sites and, with `online`, its online sketches."""
 
     part: bytes
     rows: int
     site_dims: dict[str, tuple] | None
+    online: BatchOnline | None = None
 
 
 @dataclass(frozen=True)
@@ -137,13 +228,15 @@ class BatchDecoder:
     host: HostValues
     labels: tuple[str, str, str]
     fmt: str
+    online: bool = False
 
     def __call__(self, step: int, outputs: dict[str, np.ndarray]) -> Decoded:
         rows = decode(self.manifest, outputs, self.host)
         run_id, provider, dist = self.labels
         table = batch_table(rows, run_id, step, provider, dist)
         part = encode_part(table, self.fmt, first=step == 0)
-        return Decoded(part, len(rows), _site_dims(rows) if step == 0 else None)
+        extra = batch_online(self.manifest, outputs) if self.online else None
+        return Decoded(part, len(rows), _site_dims(rows) if step == 0 else None, extra)
 
 
 @dataclass(frozen=True)
@@ -171,15 +264,23 @@ class _Sink:
         self.rows = self.steps = 0
         self.site_dims: dict[str, tuple] = {}
         self.saved = started  # when run.json was last written
+        self.online = OnlineSketches(self.manifest) if decoder.online else None
+        self.online_path = sk_online.online_path(writer.out)
 
     def __call__(self, step: int, batch: dict[str, np.ndarray] | Decoded) -> None:  # on the pipeline's thread
         done = batch if isinstance(batch, Decoded) else self.decoder(step, batch)
         sites_path, run_path = sidecar_paths(self.writer.out)
+        if self.online is not None and done.online is not None:
+            self.online.add(done.online)
         if step == 0:  # the commit: the table and its sidecars replace the earlier ones together
             self.site_dims = done.site_dims or {}
             with atomic_path(sites_path) as sites_tmp, atomic_path(run_path) as run_tmp:
                 write_sites(sites_tmp, self.manifest, self.site_dims)
                 run_tmp.write_text(self.run_json(1, done.rows, interrupted=True))
+                if self.online is not None:
+                    self.save_online(1, interrupted=True)
+                else:  # an earlier run's sketches would pass for this table's
+                    self.online_path.unlink(missing_ok=True)
                 self.writer.write(done.part)
         else:
             self.writer.write(done.part)
@@ -187,6 +288,8 @@ class _Sink:
         self.steps += 1
         if time.perf_counter() - self.saved > RUN_JSON_EVERY:
             write_text(run_path, self.run_json(self.steps, self.rows, interrupted=True))
+            if self.online is not None:
+                self.save_online(self.steps, interrupted=True)
         if self.progress:
             self.progress(self.steps, self.total)
 
@@ -198,10 +301,18 @@ class _Sink:
         meta = {**self.meta, "batches": batches, "rows": rows, "seconds": seconds, "interrupted": interrupted}
         return json.dumps(meta, indent=1, default=str)
 
+    def save_online(self, batches: int, interrupted: bool) -> None:
+        """`<stem>.online.json`, whole or not at all: the sketches merged so far, and what they cover."""
+        keep = ("run_id", "model", "model_sha256", "table")
+        meta = {k: self.meta[k] for k in keep} | {"batches": batches, "interrupted": interrupted}
+        self.online.save(self.online_path, meta)
+
     def finish(self, complete: bool) -> None:
         """Close the table (`_SUCCESS` when `complete`) and write the run's final record, if it kept a batch."""
         self.writer.close(complete)
         if self.steps:
+            if self.online is not None:
+                self.save_online(self.steps, not complete)
             write_text(sidecar_paths(self.writer.out)[1], self.run_json(self.steps, self.rows, not complete))
 
 
@@ -223,12 +334,14 @@ def record(
     progress: Callable[[int, int | None], None] | None = None,
     engine: Engine | None = None,
     weight_cache: bool = True,
+    online: bool = False,
 ) -> RecordResult:
     """Record sketches of `model` over the batches of `feeds` into the table at `out`.
 
     `engine`: where the batches run (`run.engine`: this process, or Ray workers each holding a
     session; the table's rows are the same either way, written here in step order).
     `weight_cache`: reuse the sketches of big weights from an earlier run (`instrument.weight_cache`).
+    `online`: also write mergeable online sketches beside the table (module doc; `sketch.online.read_online`).
     A model with `LATE_PARITY_BYTES` of weights or more gets its parity gate after the last batch,
     once the instrumented session is gone, so the weights are never held twice.
 
@@ -242,7 +355,7 @@ def record(
     fmt = format_of(out, fmt)
     table_folder = is_table_folder if fmt == "parquet" else None  # an earlier table there may be replaced
     check_writable(out, inputs=[model, feeds.data], replaces=table_folder)
-    for path in sidecar_paths(out):
+    for path in [*sidecar_paths(out), *([sk_online.online_path(out)] if online else [])]:
         check_writable(path, inputs=[model, feeds.data])
     if base_dir is None and not isinstance(model, ModelProto):
         base_dir = Path(model).parent
@@ -283,7 +396,7 @@ def record(
         "placement": manifest.placement, "parity": None, "table": out.name,
         "left_out": manifest.left_out,
     }  # fmt: skip
-    decoder = BatchDecoder(manifest, host, labels, fmt)
+    decoder = BatchDecoder(manifest, host, labels, fmt, online)
     sink = _Sink(TableWriter(out, fmt), decoder, progress, total, meta, started)
     pipeline = BatchPipeline(sink)
     gate, complete = None, False
@@ -329,7 +442,10 @@ def record(
                 raise
     seconds = round(time.perf_counter() - started, 3)
     sites_path, run_path = sidecar_paths(out)
-    return RecordResult(out, sites_path, run_path, manifest, sink.steps, sink.rows, seconds, gate, record_rt)
+    online_out = sink.online_path if online and sink.steps else None
+    return RecordResult(
+        out, sites_path, run_path, manifest, sink.steps, sink.rows, seconds, gate, record_rt, online_out
+    )
 
 
 @dataclass(frozen=True)

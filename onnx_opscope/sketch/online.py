@@ -129,6 +129,19 @@ def merge_distinct(sketches: Iterable[hll_sketch], lg_k: int = HLL_LG_K) -> hll_
     return u.get_result(HLL_8)
 
 
+def canonical_distinct(sketch: hll_sketch, lg_k: int = HLL_LG_K) -> hll_sketch:
+    """The same registers, with an estimate that is a function of them alone: the union of the sketch
+    with itself, which switches HLL from its HIP counter (a function of the update order) to its
+    composite estimator. One run's sketch and the union of any split of it then estimate the same to
+    the last bit (a directly updated one differs within the error: 700.6 against 696.4 for 700)."""
+    return merge_distinct([sketch, sketch], lg_k)
+
+
+def distinct_estimate(sketch: hll_sketch) -> float:
+    """The distinct count `sketch` estimates, whatever order or split its data came in (`canonical_distinct`)."""
+    return float(canonical_distinct(sketch, sketch.lg_config_k).get_estimate())
+
+
 def kind_of(sketch: Sketch) -> str:
     for kind, cls in _KINDS.items():
         if isinstance(sketch, cls):
@@ -199,3 +212,27 @@ def load_sketches(path: str | os.PathLike) -> tuple[list[dict], dict]:
     if doc.get("format") != FORMAT or doc.get("version") != VERSION:
         raise OpscopeError(f"{p}: not an onnx-opscope online sketch file (version {VERSION})")
     return [{**e, "sketch": decode(e["sketch"])} for e in doc["entries"]], doc.get("meta", {})
+
+
+def read_online(
+    table: str | os.PathLike, ranks: Sequence[float] = (0.01, 0.5, 0.99)
+) -> dict[tuple[str, str], dict]:
+    """(site, role) -> what `record(online=True)` wrote beside `table`: `values` (how many the KLL saw),
+    `quantiles` (its values at `ranks`, within `rank_error()` in rank), `distinct` (the elemsig
+    fingerprints the HLL counted, `distinct_estimate`), `seen` (batches with a fingerprint), and the
+    sketches themselves (`kll`, `hll`) to query or merge further."""
+    entries, _ = load_sketches(online_path(table))
+    out: dict[tuple[str, str], dict] = {}
+    for e in entries:
+        row = out.setdefault(
+            (e["site"], e["role"]), {"values": 0, "quantiles": [], "distinct": 0.0, "seen": 0}
+        )
+        s = e["sketch"]
+        row[e["stat"]] = s
+        if e["stat"] == "kll":
+            row["values"] = int(s.n)
+            row["quantiles"] = [float(q) for q in s.get_quantiles(list(ranks))] if not s.is_empty() else []
+        elif e["stat"] == "hll":
+            row["seen"] = int(e.get("seen", 0))
+            row["distinct"] = distinct_estimate(s) if not s.is_empty() else 0.0
+    return out
