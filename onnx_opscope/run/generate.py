@@ -196,6 +196,7 @@ class StepDecoder:
     labels: tuple[str, str, str]
     fmt: str
     prompt_len: int
+    online: bool = False  # what `record`'s sink asks a decoder (generate keeps no online sketches yet)
 
     def __call__(self, step: int, outputs: dict[str, np.ndarray]) -> Decoded:
         rows = decode(self.manifest, outputs, self.host)
