@@ -14,6 +14,8 @@ The public API: each function is one call for what its `opscope` command does.
     generate(decoder, prompt, steps=...)  KV-cache loop, prefill/decode steps recorded (opscope generate)
     read_table(path)                   a sketch table: a folder of parts, a killed run's too
     mine(table)                        findings: signals, rules, plan              (opscope mine)
+    mine_decoder(table)                a `generate` table's findings per layer and phase: massive
+                                       activations, sinks, KV ranges, drift   (opscope mine --decoder)
     report(table, out_path)            Markdown / HTML report with plots           (opscope report)
     parity(a, b) / parity(a, providers=...)  outputs and first diverging layer     (opscope parity)
     parity_generation(a, b, prompt, steps=)  two decoders over one generated sequence, B fed A's
@@ -92,6 +94,7 @@ _API = {
     "per_token": "analysis.decoder",
     "MineConfig": "findings",
     "mine": "findings",
+    "mine_decoder": "findings",
     "load_findings": "findings",
     "save_findings": "findings",
     "report": "reporting",

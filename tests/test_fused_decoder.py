@@ -106,9 +106,9 @@ def test_instrumented_fused_decoder_keeps_logits_and_presents(decoders, plain_ru
     roles = table.groupby("op_type").role.unique().map(sorted).to_dict()
     assert roles["SkipSimplifiedLayerNormalization"] == ["in", "out", "skip"]
     assert roles["SimplifiedLayerNormalization"] == roles["RotaryEmbedding"] == ["in", "out"]
-    assert roles["GroupQueryAttention"] == ["attn"]
+    assert roles["GroupQueryAttention"] == ["attn", "key", "value"]  # the shadow, and the presents (kind kv)
     # the shadow holds one step's probabilities: [1, heads, S, T] at the prefill, [1, heads, 1, T] after
-    numel = table[table.op_type == "GroupQueryAttention"].groupby("step").numel.first()
+    numel = table[table.role == "attn"].groupby("step").numel.first()
     p = len(PROMPT)
     assert numel.tolist() == [HEADS * p * p] + [HEADS * (p + k + 1) for k in range(STEPS - 1)]
 
@@ -116,7 +116,7 @@ def test_instrumented_fused_decoder_keeps_logits_and_presents(decoders, plain_ru
 def test_fused_ops_are_sites_with_their_roles(decoders):
     model = load_model(decoders[1])
     nodes = {n.name: n for n in model.graph.node}
-    sites = [s for s in find_sites(model) if s.kind != "gemm"]
+    sites = [s for s in find_sites(model) if s.kind not in ("gemm", "kv")]
     assert Counter(s.op_type for s in sites) == FUSED
     for s in sites:
         node = nodes[s.node]

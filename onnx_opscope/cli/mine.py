@@ -10,6 +10,7 @@ from ..findings import (
     describe,
     findings_source,
     mine,
+    mine_decoder,
     print_findings,
     save_findings,
     unchecked_rules,
@@ -21,6 +22,7 @@ EPILOG = """examples:
   opscope mine sketches.parquet -o findings.json --set density_max=0.3 --set pos_cv_min=1.5
   opscope mine sketches.parquet --measure           # time each exploit against dense at the site's shape
   opscope mine sketches.parquet --validate          # skip each candidate block and score it on the recorded feeds
+  opscope mine gen.parquet --decoder                 # a `generate` table: only the per-layer decoder findings
 """
 
 
@@ -56,6 +58,9 @@ def add_parser(subparsers) -> argparse.ArgumentParser:
     p.add_argument("--validate", action="store_true",
                    help="run each skip candidate on the recorded model and feeds (from the table's .run.json) and "
                    "keep its quality numbers")  # fmt: skip
+    p.add_argument("--decoder", action="store_true",
+                   help="only the decoder findings of a `generate` table (massive activations, attention sinks and "
+                   "windows, KV-cache ranges and outlier channels, prefill -> decode drift)")  # fmt: skip
     p.add_argument("--set", action="append", default=[], metavar="NAME=VALUE",
                    help="change a threshold, e.g. density_max=0.4 (repeatable; listed below)")  # fmt: skip
     add_quiet_argument(p)
@@ -66,10 +71,13 @@ def run(args: argparse.Namespace) -> int:
     if args.output:
         check_writable(args.output, inputs=[args.table, args.costs])
     config = config_with(overrides=args.set)
-    findings = mine(args.table, args.costs, config, measure=args.measure, validate=args.validate)
+    if args.decoder:
+        findings = mine_decoder(args.table, config)
+    else:
+        findings = mine(args.table, args.costs, config, measure=args.measure, validate=args.validate)
     if not args.quiet:
         print_findings(findings, top=args.top, show_all=args.show_all)
-        unchecked = unchecked_rules(args.table)
+        unchecked = {} if args.decoder else unchecked_rules(args.table)  # the gemm cascade's rules
         if unchecked:
             need = sorted({s for m in unchecked.values() for s in m})
             print(

@@ -5,6 +5,8 @@
 - `rules` and `inference`: the rules of each site kind (the gemm cascade, attention, routing,
   residual blocks), thresholds in `config.MineConfig`;
 - `miner`: `mine`, one `finding.Finding` per (run, site, role), ranked;
+- `decoder`: per layer and phase of a `generate` table: massive activations, attention sinks and
+  windows, KV-cache ranges and outlier channels, prefill -> decode drift (`mine` adds them);
 - `plan`: estimated and measured speed-ups, FLOP share and savings;
 - `finding` (JSON) and `show` (terminal): the findings written out;
 - `identity`: what findings and costs came from, checked against the table they are used with.
@@ -21,6 +23,7 @@ from .actions import (
     top_actions,
 )
 from .config import MineConfig, config_with, describe
+from .decoder import decoder_findings, mine_decoder, step_phases
 from .finding import FORMAT, Finding, Temporal, findings_to_dict, load_findings, read_findings, save_findings
 from .identity import SourceWarning, check_costs, check_findings, findings_source
 from .miner import finding_for, mine, mine_series, rank
@@ -46,6 +49,7 @@ __all__ = [
     "check_findings",
     "collect",
     "config_with",
+    "decoder_findings",
     "describe",
     "finding_for",
     "findings_source",
@@ -54,6 +58,7 @@ __all__ = [
     "load_costs",
     "load_findings",
     "mine",
+    "mine_decoder",
     "mine_series",
     "print_findings",
     "shown_findings",
@@ -63,6 +68,7 @@ __all__ = [
     "read_sketch_table",
     "rel_dist",
     "save_findings",
+    "step_phases",
     "step_signals",
     "temporal_signals",
     "temporal_text",

@@ -84,6 +84,33 @@ class MineConfig:
         0.999, "a skip candidate is validated at this output cosine of the skipped model"
     )
     skip_min_top1: float = _t(0.99, "... and at this top-1 agreement (outputs that look like logits)")
+    # decoder findings (`findings.decoder`, tables written by `generate`)
+    massive_ratio_min: float = _t(
+        40.0,
+        "max/median of a residual-stream tensor's chan_maxabs above: massive-activation channels "
+        "(SmolLM2-135M: 47-502 on 8 of its 60 block outputs, at most 37 on the rest)",
+    )
+    massive_rest_min: float = _t(
+        50.0,
+        "max|x| over the RMS of the other values above (no chan_maxabs): massive activations "
+        "(SmolLM2-135M: 58-1045 on those 8, at most 54 on all but one of the rest)",
+    )
+    sink_keys: int = _t(1, "the first keys an attention sink is looked for in")
+    attn_window: int = _t(32, "the recent keys a windowed-attention candidate keeps (beside the sink keys)")
+    window_mass_min: float = _t(
+        0.9, "sink keys + the last attn_window keys hold this share of decode attention: windowed attention"
+    )
+    kv_outlier_min: float = _t(
+        4.0,
+        "max/median of the chan_maxabs of what a step writes to the KV cache above: outlier channels (one scale "
+        "costs the median channel log2(4) = 2 bits)",
+    )
+    kv_crest_max: float = _t(
+        16.0, "absmax/RMS of a KV cache up to this: per-tensor int8 keeps the RMS >= 8 steps; above: finer scales"
+    )
+    phase_drift_min: float = _t(
+        0.5, "decode/prefill of a decoder figure beyond 1 + this (either way): the phases drift apart"
+    )
 
 
 def config_with(

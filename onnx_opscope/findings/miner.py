@@ -23,6 +23,7 @@ from ..run.feeds import FeedSpec
 from ..run.parity import validate_skips
 from ..run.table import sidecar_paths
 from .config import MineConfig
+from .decoder import KV_ROLES, decoder_findings, step_phases
 from .finding import Finding, Temporal
 from .identity import check_costs
 from .inference import KIND_OF_ROLE, attention_finding, residual_finding, routing_finding
@@ -181,7 +182,8 @@ def mine(
     check_costs(cost_info, path)  # FLOP shares of another model would be wrong everywhere
     if validate and skip_quality is None:
         skip_quality = validated_skips(series, cfg, model, run)
-    return mine_series(series, cost_info, cfg, measure=measure, skip_quality=skip_quality, model=model)
+    return mine_series(series, cost_info, cfg, measure=measure, skip_quality=skip_quality, model=model,
+                       phases=step_phases(t))  # fmt: skip
 
 
 def mine_series(
@@ -192,12 +194,17 @@ def mine_series(
     measure: bool = False,
     skip_quality: Mapping[str, Mapping] | None = None,
     model: str = "MODEL",
+    phases: Mapping[tuple[str, int], tuple[str, int]] | None = None,
 ) -> list[Finding]:
-    """`mine` on series already collected, with costs already loaded (a plan.Costs)."""
+    """`mine` on series already collected, with costs already loaded (a plan.Costs). `phases` ((run_id,
+    step) -> (phase, position), `decoder.step_phases` of a `generate` table) adds the decoder findings,
+    which then judge the KV-cache taps instead of the gemm cascade."""
     cfg = config or MineConfig()
-    findings = []
+    findings = decoder_findings(series, phases, cfg) if phases else []
     residual: dict[tuple, dict[str, Series]] = {}
     for s in series:
+        if phases and s.role in KV_ROLES:
+            continue
         kind = KIND_OF_ROLE.get(s.role, "gemm")
         if kind == "attn":
             findings.append(attention_finding(s, cfg))

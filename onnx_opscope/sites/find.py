@@ -18,6 +18,7 @@ from ..shapes import ShapeTable, infer_shapes
 from .attention import FUSED_ATTENTION, fused_attention_taps, softmax_taps
 from .decoder import DECODER_OPS, decoder_site
 from .gemm import GEMM_OPS, gemm_taps
+from .kv import kv_sites
 from .nbits import NBITS_OPS, nbits_taps
 from .qdq import through_qdq
 from .residual import residual_taps
@@ -95,7 +96,7 @@ def find_sites(
         out.append(
             Site(entry.ids[i], node.op_type, kind, node.name, entry.path, len(out), tuple(taps), attrs)
         )
-    return out
+    return out + kv_sites(index, len(out))  # a decoder's present.* outputs: its KV cache
 
 
 def subgraphs_not_tappable(model: ModelProto, index: ModelIndex | None = None) -> list[str]:

@@ -18,11 +18,13 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field, replace
 
-SITE_KINDS = ("gemm", "attn", "route", "residual", "norm", "rotary")
+SITE_KINDS = ("gemm", "attn", "route", "residual", "norm", "rotary", "kv")
 KIND_SKETCHES: dict[str, tuple[str, ...]] = {
     "attn": ("attn_qmax", "attn_krecv"),
     "route": ("route_load",),
     "residual": ("sumsq",),
+    # the KV cache (`sites.kv`): ranges and per-channel maxima over head_dim, what KV-cache quantization needs
+    "kv": ("min", "max", "mean", "sumsq", "nan_count", "inf_count", "hist", "elemsig", "chan_maxabs"),
 }
 """The sketches a site of each non-gemm kind gets by default (sketch names, see onnx_opscope.sketch)."""
 
