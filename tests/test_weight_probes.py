@@ -474,7 +474,9 @@ def test_external_data_is_read_one_tensor_at_a_time(tmp_path, monkeypatch):
     reads: list[str] = []
     real, chunks = matrix.read_external_tensor, matrix.tensor_chunks
     monkeypatch.setattr(matrix, "read_external_tensor", lambda t, base: reads.append(t.name) or real(t, base))
-    monkeypatch.setattr(matrix, "tensor_chunks", lambda t, *a, **k: reads.append(t.name) or chunks(t, *a, **k))
+    monkeypatch.setattr(
+        matrix, "tensor_chunks", lambda t, *a, **k: reads.append(t.name) or chunks(t, *a, **k)
+    )
     found = find_weights(path)
     assert reads == []  # finding reads no data
     it = iter_weights(path)

@@ -106,7 +106,8 @@ class MineConfig:
         "costs the median channel log2(4) = 2 bits)",
     )
     kv_crest_max: float = _t(
-        16.0, "absmax/RMS of a KV cache up to this: per-tensor int8 keeps the RMS >= 8 steps; above: finer scales"
+        16.0,
+        "absmax/RMS of a KV cache up to this: per-tensor int8 keeps the RMS >= 8 steps; above: finer scales",
     )
     phase_drift_min: float = _t(
         0.5, "decode/prefill of a decoder figure beyond 1 + this (either way): the phases drift apart"
