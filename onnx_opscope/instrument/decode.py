@@ -14,6 +14,7 @@ rows bit for bit the fast way (`_Plan` below: 5-10x less host time a batch on ma
 
 from __future__ import annotations
 
+import itertools
 import math
 import weakref
 from typing import NamedTuple
@@ -24,7 +25,7 @@ from .. import sketch as sk
 from ..errors import OpscopeError
 from ..sketch import batched as sk_batched
 from .manifest import Manifest, SiteRecord, TapRecord
-from .rows import RowLayout, Rows
+from .rows import Coded, RowLayout, Rows
 
 HostValues = dict[str, tuple[dict[str, np.ndarray], list[int]]]  # what host.host_values returns
 
@@ -232,6 +233,34 @@ class _Weights(NamedTuple):
     serial: int  # which one: part of a layout's key
 
 
+class _Piece(NamedTuple):
+    """One site's chunks at one set of shapes: tap index and sketch code per chunk (where its values
+    lie), its row labels, and those labels as `Coded` arrays."""
+
+    taps: np.ndarray
+    stats: np.ndarray
+    meta: list[tuple]
+    codes: np.ndarray
+    ints: np.ndarray
+    missing: np.ndarray
+
+
+class _Labels:
+    """The distinct site, op_type, role and stat labels seen, each with its code. State is real (they
+    grow as pieces are made), hence a class."""
+
+    def __init__(self) -> None:
+        self.values: tuple[list[str], ...] = ([], [], [], [])
+        self._codes: tuple[dict[str, int], ...] = ({}, {}, {}, {})
+
+    def code(self, j: int, label: str) -> int:
+        c = self._codes[j].get(label)
+        if c is None:
+            c = self._codes[j][label] = len(self.values[j])
+            self.values[j].append(label)
+        return c
+
+
 class _Plan:
     """Decoding of one manifest's outputs, its manifest-only work done once. State is real (the
     layouts and the weight values seen so far), hence a class."""
@@ -256,6 +285,18 @@ class _Plan:
         self.fast_groups = [(names, np.array(js, np.int64)) for names, js in by_names.items() if names]
         self.slow = [[n for n in taps[i].sketches if n not in fast] for i in self.in_graph]
         self.layouts: dict[tuple, _Layout] = {}
+        # per site: (role, tap index) of its shape and sketched roles, and its chunks at the last shapes seen
+        self.site_taps = [
+            [(role, self.index[tid]) for role, tid in {**s.shape_roles, **s.roles}.items()]
+            for s in manifest.sites
+        ]
+        self.pieces: dict[int, tuple[tuple, _Piece]] = {}
+        self.labels = _Labels()
+        self.site_codes: dict[
+            int, tuple[tuple, np.ndarray]
+        ] = {}  # per site: (its (role, stat)s, their codes)
+        self.stat_code = {name: c for c, name in enumerate(sorted({n for t in taps for n in t.sketches}))}
+        self.cells: tuple[int, tuple[np.ndarray, ...]] | None = None  # the weights' cells, by serial
         self.weights: _Weights | None = None
 
     def rows(self, outputs: dict[str, np.ndarray], host: HostValues | None) -> Rows:
@@ -385,49 +426,85 @@ class _Plan:
         return self.weights
 
     def _layout(self, shapes: list[tuple | None], groups: list[Group], weights: _Weights | None) -> _Layout:
-        """Chunks in `rows_of`'s order for these shapes and value counts, and where their values lie."""
-        taps, o = self.taps, self.opts
-        where: dict[tuple[int, str], tuple[int, int]] = {}
+        """Chunks in `rows_of`'s order for these shapes and value counts, and where their values lie:
+        each site's chunks come from `_piece` (kept while its shapes are), their start and count in the
+        pool from two [tap, sketch] tables, so a step whose attention rows grew costs no Python per chunk."""
+        code = self.stat_code
+        start = np.zeros((len(self.taps), len(code)), np.int64)
+        count = np.zeros_like(start)
         at = 0
         for stat, idx, counts in groups:
-            starts = (np.cumsum(counts) - counts + at).tolist()
-            for i, s, c in zip(idx, starts, counts.tolist()):
-                where[(i, stat)] = (s, c)
+            start[idx, code[stat]] = np.cumsum(counts) - counts + at
+            count[idx, code[stat]] = counts
             at += int(counts.sum())
         if weights is not None:
-            where.update({k: (s + at, c) for k, (s, c) in weights.where.items()})
+            wi, wk, ws, wc = self._weight_cells(weights)
+            start[wi, wk], count[wi, wk] = ws + at, wc
             shapes = [weights.shapes.get(i, s) for i, s in enumerate(shapes)]
-
-        def order(i: int) -> list[str]:  # the order decode_taps gives each tap's values in
-            t = taps[i]
-            if t.copied and 0 < math.prod(shapes[i]) <= o.sample_size:
-                seg = [n for n in t.sketches if n in sk_batched.SEGMENTED]
-                return seg + [n for n in t.sketches if n not in sk_batched.SEGMENTED]
-            return list(t.sketches)
-
-        meta, counts, starts = [], [], []
-        for site in self.manifest().sites:
-            dims = {
-                role: list(shapes[self.index[tid]])
-                for role, tid in {**site.shape_roles, **site.roles}.items()
-                if shapes[self.index[tid]] is not None
-            }
-            m, k, n = gemm_dims(site, dims)
-            for role, tid in site.roles.items():
-                i = self.index[tid]
-                if shapes[i] is None:
-                    continue
-                numel = math.prod(shapes[i])
-                for stat in order(i):
-                    s, c = where[(i, stat)]
-                    if c:
-                        meta.append((site.id, site.op_type, role, stat, numel, m, k, n))
-                        counts.append(c)
-                        starts.append(s)
-        c = np.array(counts, np.int64)
+        pieces, meta = [], []
+        for k, site in enumerate(self.manifest().sites):
+            key = tuple(shapes[i] for _, i in self.site_taps[k])
+            hit = self.pieces.get(k)
+            if hit is None or hit[0] != key:
+                hit = self.pieces[k] = (key, self._piece(site, k, shapes))
+            pieces.append(hit[1])
+            meta.extend(hit[1].meta)
+        cat = _Piece(*(np.concatenate([getattr(p, f) for p in pieces]) for f in _Piece._fields[:2]), meta,
+                     *(np.concatenate([getattr(p, f) for p in pieces]) for f in _Piece._fields[3:]))  # fmt: skip
+        c, s = count[cat.taps, cat.stats], start[cat.taps, cat.stats]
+        keep = c > 0
+        c, s = c[keep], s[keep]
         offsets = np.cumsum(c) - c
-        gather = np.arange(int(c.sum()), dtype=np.int64) + np.repeat(np.array(starts, np.int64) - offsets, c)
-        return _Layout(RowLayout(meta, c), gather)
+        gather = np.arange(int(c.sum()), dtype=np.int64) + np.repeat(s - offsets, c)
+        lab = self.labels.values
+        coded = Coded(
+            (lab[0][:], lab[1][:], lab[2][:], lab[3][:]), cat.codes[keep], cat.ints[keep], cat.missing[keep]
+        )
+        return _Layout(RowLayout(list(itertools.compress(meta, keep.tolist())), c, coded), gather)
+
+    def _weight_cells(self, weights: _Weights) -> tuple[np.ndarray, ...]:
+        """The weight taps' (tap, sketch, start, count) cells as arrays, once per `_Weights`."""
+        if self.cells is None or self.cells[0] != weights.serial:
+            cells = [(i, self.stat_code[name], s, c) for (i, name), (s, c) in weights.where.items()]
+            arrays = (
+                tuple(np.array(col, np.int64) for col in zip(*cells))
+                if cells
+                else (np.zeros(0, np.int64),) * 4
+            )
+            self.cells = (weights.serial, arrays)
+        return self.cells[1]
+
+    def _piece(self, site: SiteRecord, k: int, shapes: list[tuple | None]) -> _Piece:
+        """One site's chunks at these shapes. The same while its taps' shapes are (a decode step's
+        projections keep theirs while the attention rows grow)."""
+        taps, o = self.taps, self.opts
+        dims = {role: list(shapes[i]) for role, i in self.site_taps[k] if shapes[i] is not None}
+        m, kk, n = gemm_dims(site, dims)
+        tap_of, stat_of, meta = [], [], []
+        for role, tid in site.roles.items():
+            i = self.index[tid]
+            if shapes[i] is None:
+                continue
+            numel = math.prod(shapes[i])
+            t = taps[i]
+            stats = list(t.sketches)
+            if t.copied and 0 < numel <= o.sample_size:  # the order decode_taps gives the values in
+                seg = sk_batched.SEGMENTED
+                stats = [x for x in stats if x in seg] + [x for x in stats if x not in seg]
+            for stat in stats:
+                tap_of.append(i)
+                stat_of.append(self.stat_code[stat])
+                meta.append((site.id, site.op_type, role, stat, numel, m, kk, n))
+        lab, key = self.labels, tuple(x[2:4] for x in meta)
+        codes = self.site_codes.get(k)
+        if codes is None or codes[0] != key:  # the labels stay when only the shapes change
+            rows = [[lab.code(j, v) for j, v in enumerate(x[:4])] for x in meta]
+            codes = self.site_codes[k] = (key, np.array(rows, np.int64).reshape(-1, 4))
+        codes = codes[1]
+        nums = [(x[5], x[6], x[7], x[4]) for x in meta]  # M, K, N, numel: `Coded`'s order
+        ints = np.array([[0 if v is None else v for v in x] for x in nums], np.int64).reshape(-1, 4)
+        missing = np.array([[v is None for v in x] for x in nums], bool).reshape(-1, 4)
+        return _Piece(np.array(tap_of, np.int64), np.array(stat_of, np.int64), meta, codes, ints, missing)
 
 
 def _fingerprint(manifest: Manifest) -> tuple:

@@ -138,8 +138,9 @@ def encode_part(table: pa.Table, fmt: str, first: bool) -> bytes:
     if fmt == "parquet":
         # label columns as their dictionary twins (no string hashing); without the Arrow schema in
         # the file, every reader reads them as the strings they are (the schema holds nothing else).
-        # No min/max statistics for site, op_type, role, stat: every part spans all of them, so they
-        # could never skip a part, and they cost ~1 ms a part.
+        # Min/max statistics only for the columns that tell parts apart (run, step, phase, position...):
+        # every part spans all the labels, sizes, indices and values, so theirs could never skip a part,
+        # and they were a third of writing one (7 of 20 ms on a 57k-row generate step).
         columns = [_twin(c) for c in table.columns]
         stats = [c for c in table.column_names if c not in _SPANNING]
         pq.write_table(
@@ -153,7 +154,7 @@ def encode_part(table: pa.Table, fmt: str, first: bool) -> bytes:
     return buf.getvalue().to_pybytes()
 
 
-_SPANNING = ("site", "op_type", "role", "stat")
+_SPANNING = ("site", "op_type", "role", "stat", "M", "K", "N", "numel", "idx", "value")
 
 
 def _twin(column: pa.ChunkedArray) -> pa.ChunkedArray | pa.Array:
