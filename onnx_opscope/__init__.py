@@ -12,6 +12,8 @@ The public API: each function is one call for what its `opscope` command does.
                                        change onnxruntime's integer kernels (record and the CLI do it)
     record(model, out=..., feeds=...)  run batches, write the sketch table         (opscope record)
     generate(decoder, prompt, steps=...)  KV-cache loop, prefill/decode steps recorded (opscope generate)
+    prompt_ids_of(text, decoder)       a text prompt's ids by the tokenizer.json beside the decoder, for
+                                       any *_generation's prompt; text_of(ids, decoder) (generate --prompt)
     read_table(path)                   a sketch table: a folder of parts, a killed run's too
     mine(table)                        findings: signals, rules, plan              (opscope mine)
     mine_decoder(table)                a `generate` table's findings per layer and phase: massive
@@ -76,6 +78,8 @@ _API = {
     "keep_kernels": "run",
     "record": "run",
     "generate": "run",
+    "prompt_ids_of": "run.prompt",
+    "text_of": "run.prompt",
     "read_table": "run",
     "parity": "run",
     "parity_generation": "run",

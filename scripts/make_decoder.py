@@ -19,8 +19,10 @@ for its interleaved RoPE; we undo that, so the graph and its KV cache are laid o
     python scripts/make_decoder.py --check            # + cache loop == no-cache loop, and an English answer
 
 A build is skipped when the output exists and its `build.json` records the same GGUF sha256, options
-and script version. Beside the model go `tokenizer.json` (vocabulary, merges, special ids, chat
-template) and `build.json`. torch and gguf are a test-only extra (`pip install -e '.[decoder]'`).
+and script version. Beside the model go Hugging Face's `tokenizer.json` and `tokenizer_config.json`
+(vocabulary, merges, special tokens, chat template: what `opscope generate --prompt TEXT` reads) and
+`build.json`; a cached build without the tokenizer files gets them. torch, gguf and tokenizers are an
+extra (`pip install -e '.[decoder]'`).
 """
 
 from __future__ import annotations
@@ -119,14 +121,27 @@ def read_gguf(path: Path, layers: int | None) -> tuple[dict, dict[str, np.ndarra
         if keep.match(t.name):
             w = gguf.quants.dequantize(t.data, t.tensor_type).astype(np.float32)
             weights[t.name] = w.reshape([int(d) for d in reversed(t.shape)])
-    tokenizer = {
+    return config, weights, gguf_tokenizer(reader)
+
+
+def gguf_tokenizer(reader) -> dict:
+    """The GGUF's byte-level BPE tokenizer: tokens, merges ("a b"), token types, special ids, chat template."""
+
+    def field(key: str):
+        return reader.fields[key].contents()
+
+    if field("tokenizer.ggml.model") != "gpt2":
+        raise SystemExit(
+            f"error: tokenizer.ggml.model {field('tokenizer.ggml.model')!r}: expected 'gpt2' (BPE)"
+        )
+    return {
         "tokens": field("tokenizer.ggml.tokens"),
         "merges": field("tokenizer.ggml.merges"),
+        "token_type": field("tokenizer.ggml.token_type"),
         "bos_id": int(field("tokenizer.ggml.bos_token_id")),
         "eos_id": int(field("tokenizer.ggml.eos_token_id")),
         "chat_template": field("tokenizer.chat_template"),
     }
-    return config, weights, tokenizer
 
 
 def unpermute(w: np.ndarray, heads: int) -> np.ndarray:
@@ -329,6 +344,75 @@ def decode(ids: list[int], tok: dict) -> str:
     return bytes(back[ch] for ch in text if ch in back).decode("utf-8", errors="replace")
 
 
+# GGUF token types (llama.cpp's gguf.TokenType): an HF special token is CONTROL, an added plain one USER_DEFINED
+CONTROL, USER_DEFINED = 3, 4
+TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json")
+
+
+def write_tokenizer(tok: dict, folder: Path) -> None:
+    """Hugging Face's `tokenizer.json` and `tokenizer_config.json` (chat template, bos / eos) in `folder`, as
+    transformers / optimum exports carry them: SmolLM2's byte-level BPE (digits split one by one, no prefix
+    space, no BOS added), its CONTROL tokens special. `opscope generate --prompt TEXT` reads them."""
+    from tokenizers import AddedToken, Tokenizer, decoders, models, pre_tokenizers, processors
+
+    vocab = {t: i for i, t in enumerate(tok["tokens"])}
+    merges = [tuple(m.split(" ")) for m in tok["merges"]]
+    hf = Tokenizer(models.BPE(vocab, merges))
+    hf.pre_tokenizer = pre_tokenizers.Sequence(
+        [pre_tokenizers.Digits(individual_digits=True), pre_tokenizers.ByteLevel(add_prefix_space=False)]
+    )
+    hf.decoder = decoders.ByteLevel()
+    hf.post_processor = processors.ByteLevel(trim_offsets=False)
+    kinds = list(zip(tok["tokens"], tok["token_type"]))
+    hf.add_special_tokens([AddedToken(t, special=True, normalized=False) for t, k in kinds if k == CONTROL])
+    hf.add_tokens([AddedToken(t, normalized=False) for t, k in kinds if k == USER_DEFINED])
+    hf.save(str(folder / "tokenizer.json"))
+    config = {"chat_template": tok["chat_template"], "bos_token": tok["tokens"][tok["bos_id"]],
+              "eos_token": tok["tokens"][tok["eos_id"]], "add_bos_token": False}  # fmt: skip
+    (folder / "tokenizer_config.json").write_text(json.dumps(config, indent=1))
+
+
+def read_tokenizer(folder: Path) -> dict:
+    """The tokenizer beside a built decoder as `encode` / `decode` take it, from the Hugging Face files (or from
+    the plain JSON that builds before them wrote as tokenizer.json)."""
+    data = json.loads((folder / "tokenizer.json").read_text())
+    if "tokens" in data:
+        return data
+    vocab = {**data["model"]["vocab"], **{a["content"]: a["id"] for a in data["added_tokens"]}}
+    tokens = [""] * (max(vocab.values()) + 1)
+    for t, i in vocab.items():
+        tokens[i] = t
+    config = json.loads((folder / "tokenizer_config.json").read_text())
+    merges = [m if isinstance(m, str) else " ".join(m) for m in data["model"]["merges"]]
+    return {"tokens": tokens, "merges": merges, "bos_id": vocab[config["bos_token"]],
+            "eos_id": vocab[config["eos_token"]], "chat_template": config["chat_template"]}  # fmt: skip
+
+
+def has_hf_tokenizer(folder: Path) -> bool:
+    """Whether `folder` holds Hugging Face tokenizer files (builds before them wrote a plain JSON)."""
+    try:
+        return (
+            "model" in json.loads((folder / "tokenizer.json").read_text())
+            and (folder / "tokenizer_config.json").is_file()
+        )
+    except (OSError, ValueError):
+        return False
+
+
+def refresh_tokenizer(folder: Path, dest: Path = DEFAULT_DEST) -> None:
+    """Write the Hugging Face tokenizer files into a cached decoder folder that lacks them (from the GGUF's
+    tokenizer alone: no weights read), each file renamed into place."""
+    if has_hf_tokenizer(folder):
+        return
+    import gguf
+
+    tok = gguf_tokenizer(gguf.GGUFReader(str(fetch_gguf(dest))))
+    with tempfile.TemporaryDirectory(prefix=f".{folder.name}.tok.", dir=folder.parent) as tmp:
+        write_tokenizer(tok, Path(tmp))
+        for name in reversed(TOKENIZER_FILES):  # tokenizer.json last: it marks the pair done
+            (Path(tmp) / name).replace(folder / name)
+
+
 def chat_prompt(question: str) -> str:
     """SmolLM2's chat template (the GGUF's `tokenizer.chat_template`) for one user message."""
     system = "You are a helpful AI assistant named SmolLM, trained by Hugging Face"
@@ -356,6 +440,7 @@ def build(
     model_path, info_path = out / "model.onnx", out / "build.json"
     key = options_key(layers)
     if model_path.is_file() and info_path.is_file() and json.loads(info_path.read_text()).get("key") == key:
+        refresh_tokenizer(out, dest)  # a build cached before the tokenizer files gets them
         return model_path
     started = time.perf_counter()
     config, weights, tok = read_gguf(fetch_gguf(dest), layers)
@@ -366,7 +451,7 @@ def build(
     tmp.chmod(0o755)  # mkdtemp's 0700 would keep the shared cache folder from other users
     try:
         export(config, torch_model, tmp / "model.onnx")
-        (tmp / "tokenizer.json").write_text(json.dumps(tok))
+        write_tokenizer(tok, tmp)
         seconds = round(time.perf_counter() - started, 1)
         (tmp / "build.json").write_text(
             json.dumps({"key": key, "config": config, "seconds": seconds, "gguf": GGUF_SHA256}, indent=1)
@@ -415,7 +500,7 @@ def check(model_path: Path, steps: int = 12) -> None:
     """Greedy decoding with the cache equals decoding without it; print the continuation of PROMPT."""
     import onnxruntime as ort
 
-    tok = json.loads((model_path.parent / "tokenizer.json").read_text())
+    tok = read_tokenizer(model_path.parent)
     session = ort.InferenceSession(str(model_path), providers=["CPUExecutionProvider"])
     prompt = encode(chat_prompt(PROMPT), tok)
     with_cache, lc = greedy(session, prompt, steps, cache=True)

@@ -191,6 +191,7 @@ def build(
     model_path, info_path = out / "model.onnx", out / "build.json"
     key = options_key(layers)
     if model_path.is_file() and info_path.is_file() and json.loads(info_path.read_text()).get("key") == key:
+        make_decoder.refresh_tokenizer(out, dest)  # a build cached before the tokenizer files gets them
         return model_path
     started = time.perf_counter()
     plain = make_decoder.build(layers, dest=dest, quiet=quiet)
@@ -211,7 +212,8 @@ def build(
         big = sum(len(t.raw_data) for t in model.graph.initializer) > make_decoder.EXTERNAL_OVER
         onnx.save(model, str(tmp / "model.onnx"), save_as_external_data=big,
                   location="model.onnx.data" if big else None)  # fmt: skip
-        shutil.copy(plain.parent / "tokenizer.json", tmp / "tokenizer.json")
+        for name in make_decoder.TOKENIZER_FILES:
+            shutil.copy(plain.parent / name, tmp / name)
         seconds = round(time.perf_counter() - started, 1)
         info = {
             "key": key,
@@ -236,7 +238,7 @@ def check(fused: Path, plain: Path, steps: int = 12) -> None:
     next-token logits difference relative to the logits' largest magnitude."""
     import onnxruntime as ort
 
-    tok = json.loads((fused.parent / "tokenizer.json").read_text())
+    tok = make_decoder.read_tokenizer(fused.parent)
     prompt = make_decoder.encode(make_decoder.chat_prompt(make_decoder.PROMPT), tok)
     sessions = [ort.InferenceSession(str(p), providers=["CPUExecutionProvider"]) for p in (plain, fused)]
     ref_tokens, ref_logits = make_decoder.greedy(sessions[0], prompt, steps, cache=True)

@@ -209,6 +209,7 @@ def build(layers: int | None = None, dest: Path = DEFAULT_DEST, quiet: bool = Fa
     model_path, info_path = out / "model.onnx", out / "build.json"
     key = options_key(layers)
     if model_path.is_file() and info_path.is_file() and json.loads(info_path.read_text()).get("key") == key:
+        make_decoder.refresh_tokenizer(out, dest)  # a build cached before the tokenizer files gets them
         return model_path
     started = time.perf_counter()
     plain_path = make_decoder.build(layers, dest=dest, quiet=quiet)
@@ -230,7 +231,8 @@ def build(layers: int | None = None, dest: Path = DEFAULT_DEST, quiet: bool = Fa
     tmp.chmod(0o755)
     try:
         onnx.save(proto, str(tmp / "model.onnx"))
-        shutil.copyfile(plain_path.parent / "tokenizer.json", tmp / "tokenizer.json")
+        for name in make_decoder.TOKENIZER_FILES:
+            shutil.copyfile(plain_path.parent / name, tmp / name)
         seconds = round(time.perf_counter() - started, 1)
         info = {"key": key, "config": config, "seconds": seconds, "projections": replaced,
                 "max_abs_weight_error_onnxruntime": ort_error, "gguf": make_decoder.GGUF_SHA256}  # fmt: skip
@@ -251,7 +253,7 @@ def check(model_path: Path, plain_path: Path, steps: int = 12) -> None:
     """Greedy tokens and next-token logits of the int4 decoder against the plain one on the chat prompt."""
     import onnxruntime as ort
 
-    tok = json.loads((model_path.parent / "tokenizer.json").read_text())
+    tok = make_decoder.read_tokenizer(model_path.parent)
     prompt = make_decoder.encode(make_decoder.chat_prompt(make_decoder.PROMPT), tok)
     runs = []
     for path in (model_path, plain_path):

@@ -7,6 +7,7 @@ from pathlib import Path
 
 from ..errors import OpscopeError
 from ..run.generate import generate
+from ..run.prompt import load_tokenizer, prompt_ids_of, text_of, tokenizer_path
 from .options import (
     add_output_argument,
     add_quiet_argument,
@@ -27,6 +28,7 @@ exit codes: 0 done, 2 bad input (file, option, prompt, a model whose cache layou
 
 examples:
   opscope generate decoder.onnx --tokens 32 --steps 64 -o gen.parquet
+  opscope generate decoder.onnx --prompt "What is the capital of France?" --chat --steps 16 -o gen.parquet
   opscope generate decoder.onnx --prompt-ids 1,9690,198 --steps 16 --sample --seed 3 -o gen.parquet
   opscope generate decoder.onnx --prompt-file prompt.txt --steps 256 --every 8 --kind attn -o attn.parquet
   opscope generate decoder.onnx --tokens 8 --steps 16 --plain     # the plain loop: tokens and timings only
@@ -34,6 +36,11 @@ examples:
 The decoder needs input_ids, optionally attention_mask / position_ids, and past_key_values.{i}.key/value
 inputs each with a present.{i}.key/value output (transformers / optimum exports). The table is
 `record`'s plus two columns: phase (prefill, decode) and position (the step's first token's position).
+
+A text prompt (--prompt, or a --prompt-file that is not all integers) is encoded by the Hugging Face
+tokenizer.json beside the model, or --tokenizer FILE (pip install 'onnx-opscope[text]'); with one
+there the summary shows the generated text, else its ids. A --prompt-file whose every whitespace-separated
+word is an integer is token ids, as before: give such a text with --prompt "$(cat FILE)".
 """
 
 
@@ -48,12 +55,8 @@ def add_parser(sub) -> argparse.ArgumentParser:
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )
     p.add_argument("model", type=Path, help="the decoder .onnx model")
-    prompt = p.add_argument_group("prompt", "one of these").add_mutually_exclusive_group(required=True)
-    prompt.add_argument("--tokens", type=int, metavar="N", help="a random prompt of N token ids (seeded)")
-    prompt.add_argument("--prompt-ids", metavar="ID,ID,...", help="the prompt's token ids, comma-separated")
-    prompt.add_argument(
-        "--prompt-file", type=Path, metavar="FILE", help="a file of token ids, whitespace-separated"
-    )
+    group = p.add_argument_group("prompt", "one of --tokens, --prompt-ids, --prompt, --prompt-file")
+    add_prompt_arguments(group, group.add_mutually_exclusive_group(required=True))
     g = p.add_argument_group("generation")
     g.add_argument("--steps", type=int, default=16, metavar="N", help="tokens to generate (default: 16)")
     g.add_argument("--sample", action="store_true", help="sample from softmax(logits / T) instead of greedy")
@@ -85,30 +88,92 @@ def add_parser(sub) -> argparse.ArgumentParser:
     return p
 
 
+def add_prompt_arguments(group: argparse._ArgumentGroup, one: argparse._MutuallyExclusiveGroup) -> None:
+    """The prompt flags, spelt alike by `generate` and --generate: `one` of --tokens / --prompt-ids / --prompt /
+    --prompt-file, and in `group` the --tokenizer and --chat of a text prompt. Read back by `prompt_from_args`."""
+    one.add_argument(
+        "--tokens", type=int, metavar="N", help="a random prompt of N token ids (seeded by --seed)"
+    )
+    one.add_argument("--prompt-ids", metavar="ID,ID,...", help="the prompt's token ids, comma-separated")
+    one.add_argument("--prompt", metavar="TEXT", help="the prompt as text, encoded by the model's tokenizer")
+    one.add_argument("--prompt-file", type=Path, metavar="FILE",
+                     help="a file of token ids (whitespace-separated integers), else of text (its last newline "
+                     "dropped)")  # fmt: skip
+    group.add_argument("--tokenizer", type=Path, metavar="FILE",
+                       help="the Hugging Face tokenizer.json of a text prompt and of the generated text (default: "
+                       "tokenizer.json beside the model)")  # fmt: skip
+    group.add_argument("--chat", action="store_true",
+                       help="wrap the text prompt in the chat_template of the tokenizer_config.json beside the "
+                       "tokenizer, as one user message with the assistant's turn opened (needs jinja2)")  # fmt: skip
+
+
 def prompt_from_args(args: argparse.Namespace) -> list[int] | None:
-    """The prompt ids of --prompt-ids or --prompt-file (None for --tokens)."""
+    """The prompt ids of --prompt-ids, --prompt or --prompt-file (None for --tokens)."""
+    text, ids, where = None, None, "--prompt-ids"
     if args.prompt_ids is not None:
-        text, where = ",".join(csv_items([args.prompt_ids])), "--prompt-ids"
-        items = text.split(",") if text else []
+        joined = ",".join(csv_items([args.prompt_ids]))
+        ids = joined.split(",") if joined else []
+    elif args.prompt is not None:
+        text = args.prompt
     elif args.prompt_file is not None:
         try:
-            items, where = args.prompt_file.read_text().split(), str(args.prompt_file)
+            content, where = args.prompt_file.read_text(), str(args.prompt_file)
         except (OSError, UnicodeDecodeError) as exc:
             raise OpscopeError(
                 f"{args.prompt_file}: cannot read the prompt ({exc.__class__.__name__})"
             ) from None
-    else:
-        return None
-    bad = next((t for t in items if not t.lstrip("-").isdigit()), None)
-    if bad is not None or not items:
+        words = content.split()
+        if not words:
+            raise OpscopeError(f"{where}: the prompt is empty", hint="write token ids or text into it")
+        if all(_is_int(w) for w in words):
+            ids = words
+        else:
+            text = content.removesuffix("\n")
+    if args.chat and text is None:
         raise OpscopeError(
-            f"{where}: expected token ids (integers), got {bad!r}" if bad else f"{where}: no token ids"
+            "--chat wraps a text prompt: give it with --prompt TEXT or a --prompt-file of text"
         )
-    return [int(t) for t in items]
+    if text is not None:
+        return prompt_ids_of(text, args.model, tokenizer=args.tokenizer, chat=args.chat)
+    if ids is None:
+        return None
+    bad = next((t for t in ids if not _is_int(t)), None)
+    if bad is not None or not ids:
+        raise OpscopeError(
+            f"{where}: expected token ids (integers), got {bad!r}" if bad else f"{where}: no token ids",
+            hint="a text prompt goes with --prompt TEXT",
+        )
+    return [int(t) for t in ids]
+
+
+def _is_int(word: str) -> bool:
+    return word.lstrip("-").isdigit()
+
+
+def output_tokenizer(args: argparse.Namespace) -> Path | None:
+    """The tokenizer that shows the generated text: --tokenizer (checked now, before the run), else the one
+    beside the model when it loads (a text prompt has loaded it already); None: the ids are shown."""
+    try:
+        path = tokenizer_path(args.model, args.tokenizer)
+        load_tokenizer(path)
+    except OpscopeError:
+        if args.tokenizer is not None:
+            raise
+        return None
+    return path
+
+
+def generated_line(row: list[int], model: Path, tokenizer: Path | None, width: int = 200) -> str:
+    """One row's summary: its text (the first `width` characters, repr-escaped onto one line), else its ids."""
+    if tokenizer is None:
+        return "generated: " + " ".join(map(str, row))
+    text = text_of(row, model, tokenizer=tokenizer)
+    return f"generated: {text[:width]!r}{' ...' if len(text) > width else ''}"
 
 
 def run(args: argparse.Namespace) -> int:
     prompt = prompt_from_args(args)
+    tokenizer = None if args.quiet else output_tokenizer(args)
     common = dict(tokens=args.tokens, steps=args.steps, sample=args.sample, temperature=args.temperature,
                   seed=args.seed, eos_id=args.eos_id, runtime=runtime_config_from_args(args))  # fmt: skip
     if args.plain:
@@ -144,24 +209,17 @@ def run(args: argparse.Namespace) -> int:
         )
         print(f"sites: {result.sites}\nrun: {result.run}")
     for row in result.generated.tolist():
-        print("generated:", " ".join(map(str, row)))
+        print(generated_line(row, args.model, tokenizer))
     return 0
 
 
 def add_generation_arguments(parser: argparse.ArgumentParser, what: str) -> None:
-    """--generate, its prompt (--tokens / --prompt-ids / --prompt-file, as `generate` spells them) and
-    --steps: for the commands that can run a decoder's KV loop instead of their feeds (parity, calibrate).
-    A random prompt is seeded by --seed. Read back by `generation_from_args`."""
+    """--generate, its prompt (--tokens / --prompt-ids / --prompt / --prompt-file, --tokenizer, --chat, as
+    `generate` spells them) and --steps: for the commands that can run a decoder's KV loop instead of their
+    feeds (parity, calibrate). A random prompt is seeded by --seed. Read back by `generation_from_args`."""
     g = parser.add_argument_group("generation", what)
     g.add_argument("--generate", action="store_true", help=what)
-    one = g.add_mutually_exclusive_group()
-    one.add_argument(
-        "--tokens", type=int, metavar="N", help="a random prompt of N token ids (seeded by --seed)"
-    )
-    one.add_argument("--prompt-ids", metavar="ID,ID,...", help="the prompt's token ids, comma-separated")
-    one.add_argument(
-        "--prompt-file", type=Path, metavar="FILE", help="a file of token ids, whitespace-separated"
-    )
+    add_prompt_arguments(g, g.add_mutually_exclusive_group())
     g.add_argument(
         "--steps", type=int, default=None, metavar="N", help="tokens to generate: the prefill and N - 1 decode "
         "steps (default: 16)"
@@ -170,15 +228,19 @@ def add_generation_arguments(parser: argparse.ArgumentParser, what: str) -> None
 
 def generation_from_args(args: argparse.Namespace) -> dict | None:
     """{prompt_ids, tokens, steps, seed} of --generate (None without it); a prompt flag without it is an error."""
-    given = [f for f, v in (("--tokens", args.tokens), ("--prompt-ids", args.prompt_ids),
-                            ("--prompt-file", args.prompt_file), ("--steps", args.steps)) if v is not None]  # fmt: skip
+    prompts = [f for f, v in (("--tokens", args.tokens), ("--prompt-ids", args.prompt_ids), ("--prompt", args.prompt),
+                              ("--prompt-file", args.prompt_file)) if v is not None]  # fmt: skip
+    extras = [f for f, v in (("--steps", args.steps), ("--tokenizer", args.tokenizer)) if v is not None]
     if not args.generate:
+        given = [*prompts, *extras, *(["--chat"] if args.chat else [])]
         if given:
             raise OpscopeError(
                 f"{given[0]} goes with --generate", hint="add --generate to run a decoder's KV loop"
             )
         return None
-    if not any(f != "--steps" for f in given):
-        raise OpscopeError("--generate needs a prompt: --tokens N, --prompt-ids ID,... or --prompt-file FILE")
+    if not prompts:
+        raise OpscopeError(
+            "--generate needs a prompt: --tokens N, --prompt-ids ID,..., --prompt TEXT or --prompt-file FILE"
+        )
     steps = 16 if args.steps is None else args.steps
     return {"prompt_ids": prompt_from_args(args), "tokens": args.tokens, "steps": steps, "seed": args.seed}
