@@ -34,12 +34,15 @@ EPILOG = """examples:
   opscope parity model.onnx skip.onnx -o parity.json --no-layers
   opscope parity decoder.onnx decoder_int4.onnx --generate --prompt-ids 1,9690,198 --steps 32
   opscope parity decoder.onnx --providers cpu,cuda --generate --tokens 16 --steps 64 -o gen.json
+  opscope parity decoder.onnx decoder_int4.onnx --generate --tokens 8 --steps 32 --sample --seed 3
 
 With --generate, A decodes --steps tokens greedily after the prompt and B's KV loop is fed A's tokens
 (teacher forcing), so each step compares both next-token distributions on the same prefix: top-1
 agreement (B's argmax is A's token), KL(A || B) and max |logit difference|; the layers are compared at
-the first step whose top-1 differs (else the largest-KL step). The feed options do not apply, but --seed
-seeds a --tokens prompt.
+the first step whose top-1 differs (else the largest-KL step). With --sample, A's sequence is a sampled
+one (as `opscope generate --sample` draws it with the same --seed), top-1 agreement is B's argmax against
+A's, and B also draws with A's Gumbel noise: the same-seed agreement of two sampling servers. The feed
+options do not apply, but --seed seeds a --tokens prompt and --sample.
 """
 
 
@@ -79,6 +82,8 @@ def add_parser(subparsers) -> argparse.ArgumentParser:
     add_feed_arguments(p)
     add_runtime_arguments(p)
     add_generation_arguments(p, "compare two decoders token by token over one generated sequence")
+    p.add_argument("--sample", action="store_true", help="with --generate: A draws from softmax(logits / T)")
+    p.add_argument("--temperature", type=float, default=1.0, metavar="T", help="with --sample (default: 1)")
     return p
 
 
@@ -88,6 +93,8 @@ def run(args: argparse.Namespace) -> int:
     generation = generation_from_args(args)
     if generation is not None:
         return _run_generation(args, generation)
+    if args.sample:
+        raise OpscopeError("--sample goes with --generate", hint="add --generate to run a decoder's KV loop")
     report = parity(
         args.model,
         args.other,
@@ -107,7 +114,7 @@ def run(args: argparse.Namespace) -> int:
 
 
 def _run_generation(args: argparse.Namespace, generation: dict) -> int:
-    """`--generate`: B (or A on the second of --providers) fed A's greedy tokens, step by step."""
+    """`--generate`: B (or A on the second of --providers) fed A's tokens (greedy or --sample), step by step."""
     runtime = runtime_config_from_args(args)
     if (args.other is None) == (args.providers is None):
         raise OpscopeError(
@@ -121,6 +128,8 @@ def _run_generation(args: argparse.Namespace, generation: dict) -> int:
         args.model,
         args.other or args.model,
         **generation,
+        sample=args.sample,
+        temperature=args.temperature,
         runtime_a=runtime_a,
         runtime_b=runtime_b,
         tol=args.tol,

@@ -1,7 +1,8 @@
 """The report: findings, the commands that act on them, signals, rules and plots, as HTML or Markdown.
 
 `plots` draws the figures (matplotlib, Agg canvas, no display); `weights` the weight plans'
-section (error against bytes per layer, the allocators' frontier); `render` lays out the page and
+section (error against bytes per layer, the allocators' frontier); `decoder` the Decoder section of a
+`generate` table (its decoder findings per kind, max|x| per layer and phase); `render` lays out the page and
 writes it (`report`, and `write_weights_report` for the weights section alone).
 """
 

@@ -4,7 +4,8 @@ The page is written for someone deciding what to do next: a summary at the top (
 actions with the largest estimated saving, each with the command that checks or applies it,
 `findings.actions`), the findings in `miner.rank` order with the non-actionable ones counted
 in one line (`show_all` lists them), sections for attention, experts and residual blocks when
-the table has such sites, then the plots and the details. One list of blocks is laid out as
+the table has such sites (and a Decoder section for a `generate` table, `decoder`), then the plots
+and the details. One list of blocks is laid out as
 Markdown or HTML, so both say the same. The HTML embeds the plots (`plots`) as base64 data
 URIs and carries its CSS inline, so the file opens offline and fetches nothing; the Markdown
 links them from a `<stem>_files/` folder beside it.
@@ -48,6 +49,7 @@ from ..findings import (
     rank,
     read_findings,
     shown_findings,
+    step_phases,
     temporal_text,
     top_actions,
     unchecked_rules,
@@ -58,6 +60,8 @@ from ..findings.rules import DENSE_NOTE
 from ..findings.series import TableLike, read_sketch_table
 from ..run.feeds import FeedSpec
 from ..run.table import sidecar_paths
+from .decoder import NUMERIC as DECODER_NUMERIC
+from .decoder import DecoderSection, decoder_section
 from .plots import Missing, Plot, Roofline, make_plots, multi_run
 from .weights import WeightsSection, weights_section
 
@@ -350,8 +354,23 @@ def kind_blocks(findings: Sequence[Finding]) -> list[Block]:
     return out
 
 
+def decoder_blocks(section: DecoderSection | None) -> list[Block]:
+    """The Decoder section of a `generate` table (`reporting.decoder`): a table per kind, then its plot."""
+    if section is None:
+        return []
+    out: list[Block] = [Heading("Decoder", "decoder"), Para(section.summary)]
+    for part in section.parts:
+        out += [Heading(part.title, part.anchor, 3), Para(part.note)]
+        out.append(Table(part.head, part.rows, DECODER_NUMERIC))
+    p = section.plot
+    if isinstance(p, Plot):
+        return [*out, Heading(p.title, p.name, 3), Figure(p)]
+    return [*out, Para(f"{p.title}: not drawn, {p.reason}.", note=True)]
+
+
 def page_blocks(findings: Sequence[Finding], shown: Sequence[Finding], hidden: int, ctx: Context,
-                plots: Sequence[Plot | Missing], source: str, unchecked: dict[str, list[str]]) -> list[Block]:  # fmt: skip
+                plots: Sequence[Plot | Missing], source: str, unchecked: dict[str, list[str]],
+                decoder: DecoderSection | None = None) -> list[Block]:  # fmt: skip
     """Everything but the weights section, in page order."""
     runs = sorted({(f.run_id, f.provider, f.dist, f.steps) for f in findings})
     meta = [f"Table `{source}`: {len(findings)} tapped tensors (site, role)."]
@@ -371,6 +390,7 @@ def page_blocks(findings: Sequence[Finding], shown: Sequence[Finding], hidden: i
                         "(`opscope report --all` lists them).", note=True))  # fmt: skip
     out += [Para(f"measured: {n}", note=True) for n in measure_notes(shown)]
     out += kind_blocks(findings)
+    out += decoder_blocks(decoder)
     actions = action_rows(shown, ctx)
     if actions[1]:
         out += [Heading("What to do about it", "actions"),
@@ -722,8 +742,9 @@ def report(
     ctx = Context(
         run.get("model") or "MODEL", str(path) if path is not None else "TABLE", feed_flags(run.get("feeds"))
     )
+    phases = step_phases(t)  # a `generate` table: the decoder findings, and the Decoder section
     if findings is None:
-        findings = mine_series(series, cost_info, cfg, model=ctx.model)
+        findings = mine_series(series, cost_info, cfg, model=ctx.model, phases=phases)
     else:
         origin, source = None, None
         if isinstance(findings, str | os.PathLike):
@@ -736,11 +757,12 @@ def report(
     roof = roofline_costs(costs, cost_info, path, run, device)
     plots = make_plots(findings, series, cfg, roof, shown)
     source = path.name if path is not None else "<in-memory table>"
-    blocks = page_blocks(findings, shown, hidden, ctx, plots, source, unchecked_rules(t))
+    decoder = decoder_section(findings, series, phases)
+    blocks = page_blocks(findings, shown, hidden, ctx, plots, source, unchecked_rules(t), decoder)
     if suffix in HTML_SUFFIXES:
         return write_text(out, render_html(blocks, source, cfg, weights_part))
     plot_dir = out.with_name(out.stem + "_files")
-    drawn = [p for p in plots if isinstance(p, Plot)]
+    drawn = [p for p in [*plots, decoder and decoder.plot] if isinstance(p, Plot)]
     for p in [*drawn, *(weights_part.plots if weights_part else [])]:  # each PNG whole, then the page
         write_bytes(plot_dir / f"{p.name}.png", p.png)
     return write_text(out, render_markdown(blocks, plot_dir.name, cfg, weights_part))

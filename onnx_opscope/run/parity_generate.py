@@ -1,4 +1,4 @@
-"""Parity of two decoders over one generated sequence: A decodes greedily, B is fed A's tokens.
+"""Parity of two decoders over one generated sequence: A decodes (greedy or sampled), B is fed A's tokens.
 
 Comparing two independent generations stops meaning anything at the first token they pick
 differently: from there on each side conditions on its own text. So B is teacher-forced: its KV
@@ -6,6 +6,12 @@ loop (`generate`'s `_Loop`) is given A's token at every step instead of its own 
 next-token distributions are compared position by position on the same prefix. Per step: does B's
 argmax equal A's token (top-1 agreement), KL(A || B) of the softmax of the logits (float64, from
 log-softmax, so a KL of 1e-12 is still a number and not rounding), and the largest logit difference.
+
+With `sample`, A's sequence is `generate`'s sampled one for the same seed (Gumbel-max on logits / T, its
+noise from `Decoding`'s rng), and top-1 agreement is B's argmax against A's argmax at the same positions
+(A's token is a draw, so B's argmax against it would measure the sampling, not B). B's loop is seeded
+alike, so it draws the same Gumbel noise at every step: `same_draw` says where B, given that noise, would
+have drawn A's token, the agreement of two sampled servers run with one seed.
 
 With `layers`, both models run the loop again with the same taps `parity` uses (`compare.layers`:
 min, max, sum of squares and NaN / Inf counts of A's sites, kept where B still has their tensors),
@@ -70,8 +76,9 @@ class GenerationParity:
     """What `parity_generation` found: per-step arrays [steps, batch] and, with layers, the diverging site.
 
     `tokens`: A's whole sequence (prompt first); step s compares the distributions of the token at
-    position prompt_len + s. `picks_b`: B's argmax per step. `scale`: max |logit of A| per step, for the
-    relative difference.
+    position prompt_len + s. `picks_a` / `picks_b`: each side's argmax per step (A's equal its tokens when
+    greedy); `top1` compares them. `scale`: max |logit of A| per step, for the relative difference.
+    `same_draw` (sampled runs): B's draw with A's Gumbel noise is A's token.
     `layers`: one row per (site, role, stat) at `layer_step`, in execution order, with its `layer`."""
 
     a: str
@@ -93,6 +100,10 @@ class GenerationParity:
     logits_a: np.ndarray | None = None
     logits_b: np.ndarray | None = None
     runtime: dict = field(default_factory=dict)
+    picks_a: np.ndarray | None = None
+    sample: bool = False
+    temperature: float = 1.0
+    same_draw: np.ndarray | None = None
 
     @property
     def steps(self) -> int:
@@ -104,9 +115,14 @@ class GenerationParity:
 
     @property
     def first_disagreement(self) -> int | None:
-        """The first step where B's top-1 is not A's token, in any row."""
+        """The first step where B's top-1 is not A's, in any row."""
         bad = np.flatnonzero(~self.top1.all(axis=1))
         return int(bad[0]) if bad.size else None
+
+    @property
+    def same_draw_agreement(self) -> float | None:
+        """Sampled runs: the share of (step, row) where B, given A's Gumbel noise, draws A's token."""
+        return None if self.same_draw is None else float(self.same_draw.mean())
 
     @property
     def worst_step(self) -> int:
@@ -120,7 +136,7 @@ class GenerationParity:
 
     @property
     def passed(self) -> bool:
-        """B picks A's token at every step and its logits stay within `tol` of A's (max|Δ| / max|A|)."""
+        """B's top-1 is A's at every step and its logits stay within `tol` of A's (max|Δ| / max|A|)."""
         return self.agreement == 1.0 and bool(np.isfinite(self.kl).all()) and self.max_rel <= self.tol
 
     def summary(self) -> dict:
@@ -133,7 +149,7 @@ class GenerationParity:
             "max_rel": self.max_rel,
             "first_disagreement": self.first_disagreement,
             "worst_step": self.worst_step,
-        }
+        } | ({"same_draw_agreement": self.same_draw_agreement} if self.sample else {})
 
     def by_layer(self) -> list[dict]:
         """Per block (None: outside the blocks), in execution order: the largest divergence and its site."""
@@ -155,10 +171,11 @@ class GenerationParity:
         return json.dumps(self.to_dict(), indent=1, default=float)
 
     def per_step(self) -> list[dict]:
-        """One row per step: the position compared, A's and B's top-1 per row, how many rows agree, and the
-        worst row's KL and max |Δ logit|."""
-        return [
-            {
+        """One row per step: the position compared, A's token and B's top-1 per row, how many rows agree, and
+        the worst row's KL and max |Δ logit|; sampled runs add A's top-1 and how many rows B draws alike."""
+        rows = []
+        for s in range(self.steps):
+            row = {
                 "step": s,
                 "position": self.prompt_len + s,
                 "token_a": self.tokens[:, self.prompt_len + s].tolist(),
@@ -167,20 +184,25 @@ class GenerationParity:
                 "kl": float(self.kl[s].max()),
                 "max_abs": float(self.max_abs[s].max()),
             }
-            for s in range(self.steps)
-        ]
+            if self.sample:
+                row["top1_a"] = self.picks_a[s].tolist()
+                row["same_draw"] = int(self.same_draw[s].sum())
+            rows.append(row)
+        return rows
 
     def format(self, head: int = 5) -> str:
         """The summary, a per-step table (the first `head` steps, the first disagreement, the worst step)
         and, with layers, the first diverging site and each block's largest divergence."""
         s, first = self.summary(), self.first_disagreement
         at = "none" if first is None else f"step {first} (position {self.prompt_len + first})"
+        how = f"sampled at T={self.temperature:g}" if self.sample else "greedy"
         lines = [
             f"parity over a generation: {self.a}  vs  {self.b}  (prompt {self.prompt_len} tokens, "
-            f"{self.steps} steps, B fed A's tokens)",
+            f"{self.steps} steps {how}, B fed A's tokens)",
             f"  top-1 agreement {s['agreement']:.1%} ({int(self.top1.sum())}/{self.top1.size}); KL(A||B) "
             f"mean {s['mean_kl']:.3g}, max {s['max_kl']:.3g} nats; max |Δ logit| {s['max_abs']:.3g} "
             f"(rel {s['max_rel']:.3g}, tol {self.tol:g})",
+            *self._draw_lines(),
             f"  first disagreement: {at}",
             *self._step_lines(sorted({*range(min(head, self.steps)), s["worst_step"], first} - {None})),
             *self._layer_lines(),
@@ -188,16 +210,27 @@ class GenerationParity:
         ]
         return "\n".join(lines)
 
+    def _draw_lines(self) -> list[str]:
+        if not self.sample:
+            return []
+        n, size = int(self.same_draw.sum()), self.same_draw.size
+        return [f"  same-seed draws: B draws A's token with A's Gumbel noise at {n / size:.1%} ({n}/{size})"]
+
     def _step_lines(self, shown: list[int]) -> list[str]:
         batch, rows = self.top1.shape[1], self.per_step()
-        head = ("step", "position", "A token", "B top-1", "agree", "KL", "max |Δ|")
-        lines = ["  " + " ".join(f"{h:>{w}}" for h, w in zip(head, (5, 9, 8, 8, 7, 10, 10)))]
+        tokens = ("A token", "A top-1", "B top-1") if self.sample else ("A token", "B top-1")
+        same = ["same draw"] if self.sample else []
+        head = ("step", "position", *tokens, "agree", *same, "KL", "max |Δ|")
+        widths = (5, 9, *[8] * len(tokens), 7, *[9] * len(same), 10, 10)
+        lines = ["  " + " ".join(f"{h:>{w}}" for h, w in zip(head, widths))]
         for k, i in enumerate(shown):
             if k and i != shown[k - 1] + 1:
                 lines.append(f"  {'...':>5}")
             r = rows[i]
-            tok_a, tok_b = (r["token_a"][0], r["token_b"][0]) if batch == 1 else ("-", "-")
-            lines.append(f"  {i:>5} {r['position']:>9} {tok_a:>8} {tok_b:>8} {r['agree']:>3}/{batch:<3} "
+            keys = ("token_a", "top1_a", "token_b") if self.sample else ("token_a", "token_b")
+            toks = " ".join(f"{r[key][0] if batch == 1 else '-':>8}" for key in keys)
+            same = f" {r['same_draw']:>5}/{batch:<3}" if self.sample else ""
+            lines.append(f"  {i:>5} {r['position']:>9} {toks} {r['agree']:>3}/{batch:<3}{same} "
                          f"{r['kl']:>10.3g} {r['max_abs']:>10.3g}")  # fmt: skip
         return lines
 
@@ -232,13 +265,14 @@ class _AtStep(Decoding):
 
 class _Forced(_Loop):
     """The KV loop fed `forced` [batch, steps] instead of its own picks (teacher forcing); with `reference`
-    [steps, batch, vocab] (A's logits) each step's logits are compared with A's as they come."""
+    [steps, batch, vocab] (A's logits) each step's logits are compared with A's as they come. A sampling
+    `how` seeded as A's was draws A's Gumbel noise step by step (`_Loop._pick`): B's draw is kept."""
 
     def __init__(self, *args, forced: np.ndarray, reference: np.ndarray | None = None, keep: bool = False,
                  **kwargs):  # fmt: skip
         super().__init__(*args, **kwargs)
         self.forced, self.reference, self.keep = forced, reference, keep
-        self.picks, self.top1, self.kl, self.max_abs, self.got = [], [], [], [], []
+        self.picks, self.top1, self.kl, self.max_abs, self.got, self.drawn = [], [], [], [], [], []
 
     def _pick(self, logits: np.ndarray) -> np.ndarray:
         step = self.runs - 1
@@ -246,7 +280,9 @@ class _Forced(_Loop):
         if self.reference is not None:
             ref = self.reference[step]
             self.picks.append(logits.argmax(-1))
-            self.top1.append(self.picks[-1] == token)
+            self.top1.append(self.picks[-1] == ref.argmax(-1))  # A's token itself when A is greedy
+            if self.how.sample:
+                self.drawn.append(super()._pick(logits) == token)
             self.kl.append(next_token_kl(ref, logits))
             self.max_abs.append(np.abs(ref.astype(np.float64) - logits).max(-1))
             if self.keep:
@@ -262,6 +298,8 @@ def parity_generation(
     tokens: int | None = None,
     steps: int = 16,
     seed: int = 0,
+    sample: bool = False,
+    temperature: float = 1.0,
     runtime: RuntimeConfig | None = None,
     runtime_a: RuntimeConfig | None = None,
     runtime_b: RuntimeConfig | None = None,
@@ -273,9 +311,11 @@ def parity_generation(
     base_dir_a: str | os.PathLike | None = None,
     base_dir_b: str | os.PathLike | None = None,
 ) -> GenerationParity:
-    """A decodes `steps` tokens greedily after the prompt, B is fed the same tokens: compared step by step.
+    """A decodes `steps` tokens after the prompt, B is fed the same tokens: compared step by step.
 
-    The prompt is `generate`'s: `prompt_ids` or `tokens=N` random ids (seeded with `seed`).
+    The prompt is `generate`'s: `prompt_ids` or `tokens=N` random ids (seeded with `seed`). A is greedy, or
+    with `sample` draws from softmax(logits / `temperature`) as `generate(..., sample=True, seed=seed)` does;
+    then B draws with the same noise too (`same_draw`).
     `runtime_a` / `runtime_b` (default `runtime`, else CPU) let one model be held against itself on
     another provider. `layers`: rerun both with `parity`'s taps and name the first site whose statistics
     diverge beyond `layer_tol` (default `tol`) at the first disagreeing step, else the largest-KL step.
@@ -284,7 +324,7 @@ def parity_generation(
     runtime_a = runtime_a or runtime or RuntimeConfig()
     runtime_b = runtime_b or runtime or RuntimeConfig()
     dir_a, dir_b = _weights_dir(model_a, base_dir_a), _weights_dir(model_b, base_dir_b)
-    how = Decoding(steps=steps, keep_logits=True)
+    how = Decoding(steps=steps, sample=sample, temperature=temperature, seed=seed, keep_logits=True)
     sess_a = make_session(model_a, runtime_a, base_dir=dir_a)
     layout_a = _session_layout(sess_a)
     prompt = _prompt(prompt_ids, tokens, seed, layout_a)
@@ -304,7 +344,7 @@ def parity_generation(
         )
     _check_length(sess_b, prompt.shape[1], steps)
     forced = seq[:, prompt.shape[1] :]
-    loop_b = _Forced(sess_b, layout_b, [], Decoding(steps=steps), forced=forced, reference=logits_a,
+    loop_b = _Forced(sess_b, layout_b, [], replace(how, keep_logits=False), forced=forced, reference=logits_a,
                      keep=keep_logits)  # fmt: skip
     loop_b.run(prompt, lambda step, outputs: None)
     record["b"] = runtime_b.to_record(sess_b)
@@ -317,6 +357,8 @@ def parity_generation(
         np.stack(loop_b.max_abs), np.abs(logits_a.astype(np.float64)).max(axis=(1, 2)), tol,
         tol if layer_tol is None else layer_tol, runtime=record,
         logits_a=logits_a if keep_logits else None, logits_b=np.stack(loop_b.got) if keep_logits else None,
+        picks_a=logits_a.argmax(-1), sample=sample, temperature=temperature,
+        same_draw=np.stack(loop_b.drawn) if sample else None,
     )  # fmt: skip
     if layers:
         at = result.first_disagreement
