@@ -32,20 +32,26 @@ activation (and its residual form), else "decompose once, reuse".
 
 Everything after one pass over the protobuf is numpy over flat arrays: the cone signature at
 depth d numbers the distinct rows [op kind, child signatures at d-1], the chains are paths
-through a next-node array. On the 160k-node chain of `scripts/bench_analyze.py` that is 3.4 s
-of CPU on top of the 10.6 s `analyze` took on the same loaded 2-core machine: 1.9 s reading
-the nodes' inputs and outputs from the protobuf, 1.2 s numpy, 0.3 s the costs.
+through a next-node array, and each (pattern, node) a site covers is marked once in a
+patterns x nodes table. Only the constant folding walks the nodes in Python, over ints. On
+`wide_graph(160000)` (symbolic) that is 4.6 s of CPU given its report (was 6.0), on the loaded
+2-core machine: 1.6 s reading the graph (0.5 s of it the protobuf's names), 1.1 s the cost
+columns (a key per Poly: 0.25 s a part), 1.3 s numpy; the 160k-node chain 4.4 s (was 5.4).
 Order is deterministic: by score, then count, then the pattern's text.
 """
 
 from __future__ import annotations
 
 import bisect
+import gc
 import json
 import math
+import operator
 import os
-from collections.abc import Mapping, Sequence
+from collections.abc import Iterator, Mapping, Sequence
+from contextlib import contextmanager
 from dataclasses import dataclass, field
+from itertools import chain, count, repeat
 from pathlib import Path
 from typing import IO
 
@@ -153,7 +159,8 @@ class Motifs:
 
         schema = _arrow_schema()
         rows = [{**r, "model_sha256": self.model_sha256} for r in self.to_records()]
-        table = pa.Table.from_pylist(rows, schema=schema) if rows else schema.empty_table()
+        columns = [_arrow_column([r[f.name] for r in rows], f.type) for f in schema]
+        table = pa.Table.from_arrays(columns, schema=schema) if rows else schema.empty_table()
         meta = {"settings": self.settings, "totals": self.totals, "model": self.model}
         return table.replace_schema_metadata({b"opscope.motifs": json.dumps(meta).encode()})
 
@@ -197,6 +204,25 @@ def find_motifs(
     given for the same model (it saves a second analysis).
     """
     _check_settings(min_len, max_len, min_count, max_depth)
+    with _gc_paused():
+        return _find_motifs(model, shapes, dims, min_len, max_len, min_count, max_depth, symbolic, report)
+
+
+@contextmanager
+def _gc_paused() -> Iterator[None]:
+    """No cyclic garbage collection while the flat arrays are built: the passes it starts as 160k nodes'
+    lists are allocated re-walk every live object (the model's wrappers, the report's records), 0.7 s of
+    the 1.0 s reading a 160k-node graph's names. Nothing here makes cycles."""
+    enabled = gc.isenabled()
+    gc.disable()
+    try:
+        yield
+    finally:
+        if enabled:
+            gc.enable()
+
+
+def _find_motifs(model, shapes, dims, min_len, max_len, min_count, max_depth, symbolic, report) -> Motifs:
     proto = load_model(model)
     if report is None:
         report = analyze(proto, shapes, dims, symbolic=symbolic)
@@ -279,24 +305,47 @@ def _leaf(value) -> tuple[int, int]:
     return (WEIGHT if weight else CONSTANT), len(dims)
 
 
+def _leaves(values: list) -> tuple[np.ndarray, np.ndarray]:
+    """`_leaf` of many constants at once, with no Python call per tensor (a 160k-node chain has 160k
+    initializers: 0.5 s one by one)."""
+    tensors = values
+    if not all(map(isinstance, values, repeat(TensorProto))):
+        tensors = [v if isinstance(v, TensorProto) else _tensor_of(v) for v in values]
+    k = len(tensors)
+    dims = list(map(_DIMS, tensors))
+    multi = np.fromiter(map((1).__lt__, map(math.prod, dims)), bool, k)
+    weight = multi & ~np.fromiter(map(_NOT_WEIGHT_DTYPES.__contains__, map(_DTYPE, tensors)), bool, k)
+    return np.where(weight, WEIGHT, CONSTANT), np.fromiter(map(len, dims), np.int64, k)
+
+
+def _tensor_of(node) -> TensorProto:
+    t = constant_value(node)
+    return _NO_TENSOR if t is None else t
+
+
+_DIMS, _DTYPE = operator.attrgetter("dims"), operator.attrgetter("data_type")
+_NO_TENSOR = TensorProto()
+"""What a Constant without a tensor value (value_float, ...) reads as: a scalar, a `constant` leaf."""
+
+
 class _Collector:
-    """One pass over the protobuf into flat lists (state: the lists, filled graph by graph). Per input of
-    each node: its producer (-1 for a leaf) and its leaf code; the rest is numpy in `_flatten`."""
+    """The protobuf read once, graph by graph, into flat arrays (state: what later graphs and the outer reads
+    look up: kind and weight numbers, each graph's name map, constants of rank 3+). Per input of each node:
+    its producer (-1 for a leaf) and its leaf code; the rest is numpy in `_flatten`.
+
+    Only the constant folding walks the nodes one by one in Python (a node is folded when no input is data,
+    which depends on its producers), over ints. The names come out of the protobuf by slicing
+    (`node.input[:]`), 4x faster than list(node.input) under upb."""
 
     def __init__(self, index: ModelIndex):
         self.index = index
         self.ids: list[str] = []
         self.kind_of: dict[str, int] = {}
-        self.kind: list[int] = []
-        self.folded: list[int] = []  # per node: the leaf code of its outputs when it is folded, else -1
-        self.arity: list[int] = []
-        self.prod: list[int] = []  # per input, all nodes' inputs end to end
-        self.code: list[int] = []
-        self.rank0: list[int] = []  # rank of input 0 when it is a constant (an expert gather's stack)
-        self.weight: list[int] = []  # a linear node's first weight, numbered; else -1
         self.weight_of: dict[str, int] = {}
-        self.edge_p: list[int] = []  # (producer, compute consumer) pairs
-        self.edge_c: list[int] = []
+        self.folded: list[int] = []  # per node: the leaf code of its outputs when it is folded, else -1
+        self.parts: dict[str, list[np.ndarray]] = {k: [] for k in _PARTS}  # per graph, then concatenated
+        self.edge_p: list[np.ndarray] = []  # (producer, compute consumer) pairs
+        self.edge_c: list[np.ndarray] = []
         self.ends: list[int] = []  # nodes that make a graph output
         self.made: dict[str, dict[str, int]] = {}  # graph path -> its `where` (see graph)
         self.outer: list[tuple[GraphEntry, str]] = []  # (subgraph, name it reads from a graph around it)
@@ -306,101 +355,146 @@ class _Collector:
     def graph(self, entry: GraphEntry, ids: list[str]) -> None:
         base = self.base[entry.path] = len(self.ids)
         self.ids.extend(ids)
-        nodes = entry.graph.node
-        # name -> its producer's number (>= 0), or ~leaf code for a constant or an input (< 0)
-        where: dict[str, int] = {}
-        for i, node in enumerate(nodes):
-            for o in node.output:
-                if o and o not in where:
-                    where[o] = base + i
+        rows = [(n.op_type, n.domain, n.input[:], n.output[:]) for n in entry.graph.node]
+        ops, domains, ins, outs = (list(c) for c in zip(*rows, strict=True)) if rows else ([], [], [], [])
+        where = self._names(entry, base, outs)
+        flat = list(chain.from_iterable(ins))
+        arity = list(map(len, ins))
+        ws = list(map(where.get, flat))
+        if None in ws:  # an optional input left out (""), or a name this graph does not define
+            if "" in flat:
+                flat = [x for x in flat if x]
+                arity = [len(xs) - xs.count("") for xs in ins]
+            self._outer_names(entry, where, sorted({x for x in flat if x not in where}))
+            ws = list(map(where.__getitem__, flat))
+        self._fold(base, ops, arity, ws)
+        pairs = dict.fromkeys(zip(ops, domains, strict=True))  # (op, domain) -> its number, in node order
+        for j, pair in enumerate(pairs):
+            pairs[pair] = j
+        kind_of = self.kind_of
+        kind = [
+            kind_of.setdefault(op if d in DEFAULT_DOMAINS else f"{d}.{op}", len(kind_of)) for op, d in pairs
+        ]
+        pair = np.fromiter(map(pairs.__getitem__, zip(ops, domains, strict=True)), np.int64, len(ops))
+        self._arrays(
+            base, flat, np.asarray(arity, np.int64), np.asarray(ws, np.int64),
+            np.asarray(kind, np.int64)[pair], np.asarray([op in LINEAR for op, _ in pairs], bool)[pair],
+            np.asarray([op == "Constant" for op, _ in pairs], bool)[pair],
+        )  # fmt: skip
+
+    def _names(self, entry: GraphEntry, base: int, outs: list[list[str]]) -> dict[str, int]:
+        """name -> its producer's number (>= 0), or ~leaf code for a constant or an input (< 0)."""
+        flat_out = list(chain.from_iterable(outs))
+        owner = np.repeat(np.arange(base, base + len(outs)), list(map(len, outs))).tolist()
+        where = dict(zip(reversed(flat_out), reversed(owner), strict=True))  # the first producer wins
+        where.pop("", None)
         self.ends.extend(where[o] for o in entry.outputs if o in where)
         for i in entry.graph.input:
             where.setdefault(i.name, ~INPUT)
-        ranks = self.ranks
-        for name, c in entry.constants.items():
-            code, rank = _leaf(c)
-            where[name] = ~code
-            if rank >= 3:
-                ranks[name] = rank
+        constants = entry.constants
+        if constants:
+            names = list(constants)
+            codes, ranks = _leaves(list(constants.values()))
+            where.update(zip(names, (~codes).tolist(), strict=True))
+            self.ranks.update((names[i], int(ranks[i])) for i in np.flatnonzero(ranks >= 3).tolist())
+        where.pop("", None)  # an empty name is an input left out, never looked up
         self.made[entry.path] = where
-        for i, node in enumerate(nodes):
-            self.node(base + i, node, where, entry)
+        return where
 
-    def node(self, gid: int, node, where: dict[str, int], entry: GraphEntry) -> None:
-        op = node.op_type
-        domain = node.domain
-        kind_of = self.kind_of
-        self.kind.append(
-            kind_of.setdefault(op if domain in DEFAULT_DOMAINS else f"{domain}.{op}", len(kind_of))
+    def _outer_names(self, entry: GraphEntry, where: dict[str, int], missing: list[str]) -> None:
+        """Names read but not defined here: a value of a graph around this one (or, in the main graph,
+        undefined: an input)."""
+        for x in missing:
+            c = None
+            if entry.parent is not None:
+                self.outer.append((entry, x))
+                c = self.index.constant(entry.parent, x)
+            leaf, rank = _leaf(c) if c is not None else (INPUT, 0)
+            where[x] = ~leaf
+            if rank >= 3:
+                self.ranks[x] = rank
+
+    def _fold(self, base: int, ops: list[str], arity: list[int], ws: list[int]) -> None:
+        """Append each node's folded leaf code: shape arithmetic and what is computed from constants only. A
+        producer after its consumer (not topological) counts as data."""
+        folded = self.folded
+        pos = 0
+        for gid, op, a in zip(range(base, base + len(ops)), ops, arity, strict=True):
+            f = -1
+            if op in SHAPE_SOURCES:
+                f = CONSTANT
+            elif a and op not in CONTROL_FLOW:
+                f = CONSTANT
+                for w in ws[pos : pos + a]:
+                    leaf = ~w if w < 0 else (folded[w] if w < gid else -1)
+                    if leaf == WEIGHT:
+                        f = WEIGHT
+                    elif leaf < 0 or leaf == INPUT:
+                        f = -1
+                        break
+            folded.append(f)
+            pos += a
+
+    def _arrays(
+        self, base: int, flat: list[str], arity: np.ndarray, ws: np.ndarray, kind: np.ndarray,
+        linear: np.ndarray, constant_op: np.ndarray,
+    ) -> None:  # fmt: skip
+        """One graph's per-node and per-input arrays, from the name map's numbers `ws` and the folding."""
+        m = len(kind)
+        local = np.repeat(np.arange(m), arity)  # the node of each input, numbered in this graph
+        folded = np.asarray(self.folded[base:], np.int64)
+        produced = ws >= 0
+        back = produced & (ws < base + local)
+        leaf_of = np.full(len(ws), -1, np.int64)  # a folded producer's leaf code
+        leaf_of[back] = folded[ws[back] - base]
+        data = produced & (leaf_of < 0)
+        prod = np.where(data, ws, -1)
+        code = np.where(data, CUT, np.where(produced, leaf_of, ~ws))
+        start = np.cumsum(arity) - arity
+        rank0 = np.zeros(m, np.int64)  # rank of input 0 when it is a constant (an expert gather's stack)
+        if self.ranks:
+            has = np.flatnonzero(arity > 0)
+            has = has[~data[start[has]]]
+            rank0[has] = [self.ranks.get(flat[j], 0) for j in start[has].tolist()]
+        first = np.flatnonzero((code == WEIGHT) & linear[local])
+        first = (
+            first[np.concatenate([[True], local[first][1:] != local[first][:-1]])] if len(first) else first
         )
-        folded, prod, code = self.folded, self.prod, self.code
-        data_in = weight_in = False
-        first_weight = None
-        rank0 = n = 0
-        for x in node.input:
-            if not x:
-                continue
-            n += 1
-            w = where.get(x)
-            if w is None:  # a value of a graph around this one (or, in the main graph, undefined)
-                c = None
-                if entry.parent is not None:
-                    self.outer.append((entry, x))
-                    c = self.index.constant(entry.parent, x)
-                leaf, rank = _leaf(c) if c is not None else (INPUT, 0)
-                w = where[x] = ~leaf
-                if rank >= 3:
-                    self.ranks[x] = rank
-            if w >= 0 and (
-                w > gid or folded[w] < 0
-            ):  # (a producer after its consumer: not topological, data)
-                data_in = True
-                prod.append(w)
-                code.append(CUT)
-                continue
-            leaf = ~w if w < 0 else folded[w]
-            if leaf == INPUT:
-                data_in = True
-            elif leaf == WEIGHT:
-                weight_in = True
-                first_weight = first_weight or x
-            if n == 1:
-                rank0 = self.ranks.get(x, 0)
-            prod.append(-1)
-            code.append(leaf)
-        if op in SHAPE_SOURCES:
-            folded.append(CONSTANT)
-        elif n and not data_in and op not in CONTROL_FLOW:
-            folded.append(WEIGHT if weight_in else CONSTANT)
-        else:
-            folded.append(-1)
-        self.arity.append(n)
-        self.rank0.append(rank0)
-        if folded[-1] < 0 and op != "Constant":
-            for p in prod[len(prod) - n :]:
-                if p >= 0:
-                    self.edge_p.append(p)
-                    self.edge_c.append(gid)
-        linear = op in LINEAR and first_weight is not None
-        self.weight.append(self.weight_of.setdefault(first_weight, len(self.weight_of)) if linear else -1)
+        weight = np.full(m, -1, np.int64)  # a linear node's first weight, numbered; else -1
+        weight_of = self.weight_of
+        weight[local[first]] = [weight_of.setdefault(flat[j], len(weight_of)) for j in first.tolist()]
+        consumer = (folded < 0) & ~constant_op
+        edge = data & consumer[local]
+        self.edge_p.append(ws[edge])
+        self.edge_c.append(base + local[edge])
+        for name, value in zip(_PARTS, (kind, arity, prod, code, rank0, weight), strict=True):
+            self.parts[name].append(value)
 
     def outer_reads(self) -> None:
         """A value read inside a subgraph is consumed, in the graph that makes it, by the subgraph's owner."""
-        for entry, name in self.outer:
-            self._edge_to_owner(entry, name)
+        pairs = [pair for entry, name in self.outer if (pair := self._edge_to_owner(entry, name))]
+        if pairs:
+            p, c = zip(*pairs, strict=True)
+            self.edge_p.append(np.asarray(p, np.int64))
+            self.edge_c.append(np.asarray(c, np.int64))
 
-    def _edge_to_owner(self, entry: GraphEntry, name: str) -> None:
+    def _edge_to_owner(self, entry: GraphEntry, name: str) -> tuple[int, int] | None:
         while entry.parent is not None:
             parent = self.index[entry.parent]
             p = self.made[parent.path].get(name)
             if p is not None and p >= 0:
-                if self.folded[p] < 0:
-                    self.edge_p.append(p)
-                    self.edge_c.append(self.base[parent.path] + entry.owner_index)
-                return
+                return (p, self.base[parent.path] + entry.owner_index) if self.folded[p] < 0 else None
             if p is not None and (p != ~INPUT or any(i.name == name for i in parent.graph.input)):
-                return  # a constant, or an input of that graph: no node consumes from
+                return None  # a constant, or an input of that graph: no node consumes from
             entry = parent
+        return None
+
+    def array(self, name: str) -> np.ndarray:
+        parts = self.parts[name]
+        return np.concatenate(parts) if parts else np.zeros(0, np.int64)
+
+
+_PARTS = ("kind", "arity", "prod", "code", "rank0", "weight")
 
 
 def _kind_table(kinds: list[str], test) -> np.ndarray:
@@ -416,31 +510,27 @@ def _flatten(index: ModelIndex, ids: Mapping[str, list[str]]) -> _Flat:
     col.outer_reads()
     n = len(col.ids)
     kinds = list(col.kind_of)
-    kind = np.asarray(col.kind, np.int64)
+    kind, arity, prod, code, rank0, weight = (col.array(name) for name in _PARTS)
     compute = (np.asarray(col.folded, np.int64) < 0) & (kind != col.kind_of.get("Constant", -1))
-    arity = np.asarray(col.arity, np.int64)
-    prod = np.asarray(col.prod, np.int64)
-    code = np.asarray(col.code, np.int64)
     start = np.concatenate([[0], np.cumsum(arity)[:-1]]).astype(np.int64)
     node_of = np.repeat(np.arange(n), arity)  # the node of each input
     # the consumers: distinct (producer, compute consumer) pairs; one of them and no graph output -> next
     nxt = np.full(n, -1, np.int64)
-    if col.edge_p:
-        pairs = _distinct(np.asarray(col.edge_p, np.int64) * n + np.asarray(col.edge_c, np.int64))
+    edge_p, edge_c = np.concatenate(col.edge_p), np.concatenate(col.edge_c)
+    if len(edge_p):
+        pairs = _distinct(edge_p * n + edge_c)
         producer, first, counts = _runs(pairs // n)
         sole = counts == 1
         nxt[producer[sole]] = pairs[first[sole]] % n
     nxt[np.asarray(col.ends, np.int64)] = -1
     buckets = {}
-    for a in np.unique(arity).tolist():
+    for a in _distinct(arity).tolist():
         nodes = np.flatnonzero(arity == a)
         at = start[nodes][:, None] + np.arange(a)
         buckets[a] = (nodes, prod[at], code[at])
     made = prod >= 0
     counts = np.bincount(node_of[made], minlength=n)
     indptr = np.concatenate([[0], np.cumsum(counts)]).astype(np.int64)
-    weight = np.asarray(col.weight, np.int64)
-    rank0 = np.asarray(col.rank0, np.int64)
     flags, lba, residual = _hint_arrays(kinds, kind, arity, code, node_of, rank0, prod, weight >= 0)
     commutative = _kind_table(kinds, COMMUTATIVE.__contains__)[kind].astype(bool)
     return _Flat(
@@ -488,7 +578,7 @@ def _hint_arrays(kinds, kind, arity, code, node_of, rank0, prod, linear) -> tupl
 
 @dataclass
 class _Family:
-    """The kept groups of one kind, and the (group, node) pairs their sites cover (duplicates allowed)."""
+    """The kept groups of one kind, and the (group, node) pairs their sites cover, each once."""
 
     kind: str
     texts: list[str] = field(default_factory=list)
@@ -497,7 +587,9 @@ class _Family:
     counts: list[int] = field(default_factory=list)
     examples: list[tuple[str, ...]] = field(default_factory=list)
     first: list[np.ndarray] = field(default_factory=list)  # the nodes of each group's first site
-    cover_g: list[np.ndarray] = field(default_factory=list)
+    cover_g: list[np.ndarray] = field(
+        default_factory=list
+    )  # blocks of distinct pairs, sorted, groups in order
     cover_n: list[np.ndarray] = field(default_factory=list)
 
 
@@ -520,21 +612,49 @@ def _distinct(a: np.ndarray) -> np.ndarray:
 
 
 def _dense_rows(rows: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-    """Each row's number among the distinct rows (lexicographic order), and one row index per number: one
-    column at a time, 20x faster than np.unique(axis=0) on 160k rows."""
-    code = np.zeros(len(rows), np.int64)
-    for j in range(rows.shape[1]):
-        col = rows[:, j]
-        _, code = np.unique(code * (int(col.max()) + 1) + col, return_inverse=True)
-        code = code.reshape(-1)
+    """Each row's number among the distinct rows (lexicographic order), and its first row per number: the
+    columns as the digits of one int64 key when their ranges allow (one sort), else made dense one column
+    at a time; either is 20x faster than np.unique(axis=0) on 160k rows."""
+    radix = [int(rows[:, j].max()) + 1 for j in range(rows.shape[1])]
+    if math.prod(radix) < 1 << 62:
+        code = rows[:, 0].copy()
+        for j in range(1, rows.shape[1]):
+            code = code * radix[j] + rows[:, j]
+    else:
+        code = np.zeros(len(rows), np.int64)
+        for j in range(rows.shape[1]):
+            _, code = np.unique(code * radix[j] + rows[:, j], return_inverse=True)
+            code = code.reshape(-1)
     _, first, inv = np.unique(code, return_index=True, return_inverse=True)
     return inv.reshape(-1), first
+
+
+def _dense(code: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """np.unique(code, return_inverse=True, return_counts=True) without its values, by counting when the
+    codes are small non-negative ints (signatures and kind numbers are), else by sorting."""
+    if len(code) and code.min() >= 0 and code.max() < 4 * len(code) + 1024:
+        counts = np.bincount(code)
+        present = counts > 0
+        return (np.cumsum(present) - 1)[code], counts[present]
+    _, inv, counts = np.unique(code, return_inverse=True, return_counts=True)
+    return inv.reshape(-1), counts
+
+
+def _distinct_pairs(g: np.ndarray, nodes: np.ndarray, groups: int, n: int) -> tuple[np.ndarray, np.ndarray]:
+    """The distinct (group, node) pairs, sorted: marked in a groups x n table when it is not much larger than
+    the pairs (a sort of the 3M coverage keys of a 160k-node graph took 0.2 s), else sorted."""
+    if groups * n <= max(8 * len(g), 1 << 20):
+        table = np.zeros((groups, n), bool)
+        table[g, nodes] = True
+        return np.nonzero(table)
+    key = _distinct(g * n + nodes)
+    return key // n, key % n
 
 
 def _keep(code: np.ndarray, min_count: int) -> tuple[np.ndarray, np.ndarray, list[np.ndarray]]:
     """Group rows by `code`: each row's kept group (-1: seen fewer than `min_count` times), the kept
     groups' counts, and each kept group's first `EXAMPLES` rows (rows are in node order)."""
-    _, inv, counts = np.unique(code, return_inverse=True, return_counts=True)
+    inv, counts = _dense(code)
     keep = counts >= min_count
     row_group = np.where(keep, np.cumsum(keep) - 1, -1)[inv.reshape(-1)]
     rows = np.flatnonzero(row_group >= 0)
@@ -572,8 +692,11 @@ def _chains(flat: _Flat, min_len: int, max_len: int, min_count: int) -> _Family:
             fam.examples.append(tuple(flat.ids[i] for i in path[rows, 0]))
             fam.first.append(path[rows[0]])
         sel = row_group >= 0
-        fam.cover_g.append(np.repeat(row_group[sel] + base, length))
-        fam.cover_n.append(path[sel].ravel())
+        g, nodes = _distinct_pairs(
+            np.repeat(row_group[sel], length), path[sel].ravel(), len(kept), len(flat.ids)
+        )
+        fam.cover_g.append(g + base)
+        fam.cover_n.append(nodes)
     return fam
 
 
@@ -626,16 +749,16 @@ def _add_cones(fam, flat, d, roots, sig, ops, min_count, tables, texts) -> None:
         fam.examples.append(tuple(flat.ids[i] for i in roots[rows]))
         fam.first.append(_tree(flat, root, d))
     sel = row_group >= 0
-    g, nodes = row_group[sel] + base, roots[sel]
+    n, groups = len(flat.ids), len(kept)
+    g, nodes = row_group[sel], roots[sel]
     cover_g, cover_n = [g], [nodes]
     for _ in range(d - 1):  # the ops of each level below the root, each (group, node) once per level
-        g, nodes = _children(g, nodes, flat.indptr, flat.children)
-        key = _distinct(g * len(flat.ids) + nodes)
-        g, nodes = key // len(flat.ids), key % len(flat.ids)
+        g, nodes = _distinct_pairs(*_children(g, nodes, flat.indptr, flat.children), groups, n)
         cover_g.append(g)
         cover_n.append(nodes)
-    fam.cover_g.extend(cover_g)
-    fam.cover_n.extend(cover_n)
+    g, nodes = _distinct_pairs(np.concatenate(cover_g), np.concatenate(cover_n), groups, n)
+    fam.cover_g.append(g + base)
+    fam.cover_n.append(nodes)
 
 
 def _tree(flat: _Flat, root: int, depth: int) -> np.ndarray:
@@ -701,9 +824,12 @@ class _Column:
         return float(self.total @ self.at)
 
     def sums(self, g: np.ndarray, nodes: np.ndarray, groups: int) -> np.ndarray:
-        """groups x monomials: the cost of each group's nodes."""
+        """groups x monomials: the cost of each group's nodes (a column of zeros sums to zeros)."""
         cols = [
-            np.bincount(g, weights=self.values[nodes, t], minlength=groups) for t in range(len(self.monos))
+            np.bincount(g, weights=np.ascontiguousarray(col)[nodes], minlength=groups)
+            if col.any()
+            else np.zeros(groups)
+            for col in self.values.T
         ]
         return np.stack(cols, axis=1)
 
@@ -753,27 +879,61 @@ def _exact(x: float) -> int | float:
     return int(x) if float(x).is_integer() else float(x)
 
 
-def _column(values: list[tuple]) -> _Column:
-    """Per node, the sum of a tuple of costs (any None makes it unknown). The parts are added into the
-    matrix, not as Polys: Poly sums were 2.8 s of 6.6 on a symbolic 160k-node graph."""
-    n = len(values)
-    unknown = np.fromiter((any(x is None for x in v) for v in values), bool, n)
-    if not any(isinstance(x, Poly) for v in values for x in v):
-        col = np.fromiter((0.0 if u else float(sum(v)) for v, u in zip(values, unknown)), np.float64, n)
-        return _Column(col[:, None], [()], unknown)
+def _column(parts: list[list]) -> _Column:
+    """Per node, the sum of its costs, one list per part (any None makes the node unknown). The parts are
+    added into the matrix, not as Polys: Poly sums were 2.8 s of 6.6 on a symbolic 160k-node graph. Each
+    distinct value is split into its terms once, the values told apart by C-level maps: a symbolic 160k-node
+    graph has a handful of distinct costs in 480k Poly objects, and a Python call per object took 1.5 s."""
+    n = len(parts[0])
+    types = [set(map(type, part)) for part in parts]
+    unknown = np.zeros(n, bool)
+    for part, ts in zip(parts, types, strict=True):
+        if type(None) in ts:
+            unknown |= np.fromiter(map(operator.is_, part, repeat(None)), bool, n)
+    if not any(issubclass(t, Poly) for ts in types for t in ts):
+        rows = zip(*parts, strict=True)
+        if not unknown.any():
+            return _Column(np.fromiter(map(float, map(sum, rows)), np.float64, n)[:, None], [()], unknown)
+        sums = (0.0 if u else float(sum(v)) for v, u in zip(rows, unknown.tolist(), strict=True))
+        return _Column(np.fromiter(sums, np.float64, n)[:, None], [()], unknown)
+    keys = [_value_keys(part, ts) for part, ts in zip(parts, types, strict=True)]
+    first: dict = {}  # value -> where it is first given: part p, node i at p * n + i
+    pos = np.stack(
+        [np.fromiter(map(first.setdefault, k, count(p * n)), np.int64, n) for p, k in enumerate(keys)], 1
+    )
+    uniq, vid = np.unique(pos, return_inverse=True)
+    vid = vid.reshape(n, len(parts))
+    seen = vid[~unknown].ravel()  # the monomials are numbered in the order the known nodes give them
+    order = np.argsort(seen, kind="stable")
     monos: dict = {(): 0}
-    rows, cols, coefs = [], [], []
-    for i, v in enumerate(values):
-        if unknown[i]:
-            continue
-        for x in v:
-            for m, c in x.terms.items() if isinstance(x, Poly) else (((), x),):
-                rows.append(i)
-                cols.append(monos.setdefault(m, len(monos)))
-                coefs.append(c)
+    at, cols, coefs = [], [], []
+    for j in seen[np.sort(order[_runs(seen[order])[1]])].tolist():
+        p, i = divmod(int(uniq[j]), n)
+        value = keys[p][i]
+        for m, c in value if isinstance(value, tuple) else () if value is None else (((), value),):
+            at.append(j)
+            cols.append(monos.setdefault(m, len(monos)))
+            coefs.append(c)
+    terms = np.zeros((len(uniq), len(monos)))
+    terms[np.asarray(at, np.int64), np.asarray(cols, np.int64)] = np.asarray(coefs, np.float64)
     mat = np.zeros((n, len(monos)))
-    np.add.at(mat, (np.asarray(rows, np.int64), np.asarray(cols, np.int64)), np.asarray(coefs, np.float64))
+    for p in range(len(parts)):  # part by part, in the order the sums add them
+        mat += terms[vid[:, p]]
+    mat[unknown] = 0.0
     return _Column(mat, list(monos), unknown)
+
+
+def _value_keys(part: list, types: set) -> list:
+    """Each cost as a dict key: a Poly by its terms in order (a tuple hashes and compares in C), a number or
+    None as it is."""
+    if types == {Poly}:
+        return list(map(tuple, map(dict.items, map(_TERMS, part))))
+    if not any(issubclass(t, Poly) for t in types):
+        return part
+    return [tuple(x.terms.items()) if isinstance(x, Poly) else x for x in part]
+
+
+_TERMS = operator.attrgetter("terms")
 
 
 def _records_by_graph(report: Report, index: ModelIndex) -> dict[str, list[OpCost]]:
@@ -793,18 +953,25 @@ def _records_by_graph(report: Report, index: ModelIndex) -> dict[str, list[OpCos
 
 def _cost_columns(records: list[OpCost]) -> tuple[_Column, _Column]:
     """FLOPs and bytes per node from the analyzer's records (repeat applied; a branch not counted is 0)."""
-    flops = [((r.flops if r.modelled else None),) if r.counted else (0,) for r in records]
-    nbytes = [(r.bytes_read, r.bytes_weights, r.bytes_written) if r.counted else (0,) for r in records]
-    return _column(flops), _column(nbytes)
+    counted, modelled = (list(map(operator.attrgetter(f), records)) for f in ("counted", "modelled"))
+    flops = list(map(operator.attrgetter("flops"), records))
+    nbytes = [
+        list(map(operator.attrgetter(f), records)) for f in ("bytes_read", "bytes_weights", "bytes_written")
+    ]
+    if not all(modelled):
+        flops = [f if m else None for f, m in zip(flops, modelled, strict=True)]
+    if not all(counted):
+        flops, *nbytes = (
+            [v if c else 0 for v, c in zip(part, counted, strict=True)] for part in (flops, *nbytes)
+        )
+    return _column([flops]), _column(nbytes)
 
 
 def _patterns(flat: _Flat, fam: _Family, flops: _Column, nbytes: _Column) -> list[Pattern]:
     groups = len(fam.counts)
     if not groups:
         return []
-    n = len(flat.ids)
-    key = _distinct(np.concatenate(fam.cover_g) * n + np.concatenate(fam.cover_n))
-    g, nodes = key // n, key % n  # each covered node once per group, groups in order
+    g, nodes = np.concatenate(fam.cover_g), np.concatenate(fam.cover_n)  # each covered node once per group
     covered = np.bincount(g, minlength=groups)
     f, b = flops.sums(g, nodes, groups), nbytes.sums(g, nodes, groups)
     unknown = np.bincount(g, weights=(flops.unknown | nbytes.unknown)[nodes], minlength=groups)
@@ -886,6 +1053,23 @@ def _arrow_schema():
             ("model_sha256", s),
         ]
     )  # fmt: skip
+
+
+def _arrow_column(values: list, kind):
+    """One column from its Python values (None is null) by its buffers: pa.array and Table.from_pylist
+    import pandas, 0.5 s of writing a table of a few hundred rows."""
+    import pyarrow as pa
+
+    n = len(values)
+    if kind == pa.string():
+        enc = [v.encode() for v in values]
+        offsets = np.zeros(n + 1, np.int32)
+        np.cumsum([len(e) for e in enc], out=offsets[1:])
+        return pa.Array.from_buffers(kind, n, [None, pa.py_buffer(offsets), pa.py_buffer(b"".join(enc))])
+    missing = np.fromiter((v is None for v in values), bool, n)
+    data = np.asarray([0 if v is None else v for v in values], np.int64 if kind == pa.int64() else np.float64)
+    valid = pa.py_buffer(np.packbits(~missing, bitorder="little")) if missing.any() else None
+    return pa.Array.from_buffers(kind, n, [valid, pa.py_buffer(data)], null_count=int(missing.sum()))
 
 
 def print_motifs(
