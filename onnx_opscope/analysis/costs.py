@@ -43,9 +43,10 @@ from ..graph.index import GraphEntry, ModelIndex
 from ..graph.io import ModelLike, file_sha256, load_model, model_sha256
 from ..graph.proto import attr as get_attr
 from ..shapes import Dim, ShapeTable, dtype_size, infer_shapes
-from ..shapes.symbolic import Dimlike, Poly, evaluate, free_symbols, prod, to_number, to_text
+from ..shapes.rules import shape_key
+from ..shapes.symbolic import Poly, add_all, evaluate, prod, to_number, to_text
 from ..shapes.symbolic import add as _add
-from .opcosts import CONTROL_FLOW, FORMULAS, PARTIAL_READS, VIEWS, Gemm, op_count
+from .opcosts import ATTRIBUTE_FREE, CONTROL_FLOW, FORMULAS, PARTIAL_READS, VIEWS, Gemm, op_count
 from .roofline import Device, classify, est_time, get_device, intensity
 
 if TYPE_CHECKING:  # they bring onnxruntime, which the static analysis does not need
@@ -212,8 +213,9 @@ def analyze(
     """
     proto = load_model(model)
     dev = get_device(device, ridge)
-    table = infer_shapes(proto, shapes, dims, symbolic=symbolic)
-    walker = _Walker(table, proto)
+    index = ModelIndex(proto)
+    table = infer_shapes(proto, shapes, dims, symbolic=symbolic, index=index)
+    walker = _Walker(table, proto, index)
     walker.walk("", 1, True, "")
     wbytes, params = _unique_weights(table)
     report = Report(
@@ -284,11 +286,11 @@ def _shapes_of(table: ShapeTable, names: Sequence[str]) -> list:
 
 
 class _Walker:
-    """Walks graphs and subgraphs, pricing each node; state: the records and a bytes cache."""
+    """Walks graphs and subgraphs, pricing each node; state: the records, a bytes cache and the pricing memo."""
 
-    def __init__(self, table: ShapeTable, model: ModelProto):
+    def __init__(self, table: ShapeTable, model: ModelProto, index: ModelIndex | None = None):
         self.table = table
-        self.index = ModelIndex(model)
+        self.index = ModelIndex(model) if index is None else index
         self.records: list[OpCost] = []
         self.notes: list[str] = []
         gin = {i.name for i in model.graph.input} - {t.name for t in model.graph.initializer}
@@ -308,6 +310,11 @@ class _Walker:
                 gout.add(n.input[0])
         self.graph_inputs, self.graph_outputs = gin, gout
         self._bytes: dict[str, Dim] = {}
+        self._sig: dict[str, int] = {}  # value name -> its signature's number
+        self._sigs: dict[tuple, int] = {}
+        self._shape_ids: dict[int, int] = {}  # id of a shape tuple of the table -> its shape_key's number
+        self._shape_nums: dict[tuple | None, int] = {}
+        self._memo: dict[tuple, tuple] = {}  # node signature -> `_fields`
 
     def value_bytes(self, name: str) -> Dim:
         if not name:
@@ -325,9 +332,14 @@ class _Walker:
 
     def walk(self, path: str, repeat: Dim, counted: bool, note: str) -> None:
         entry = self.index[path]
-        ids = entry.ids
+        ids, io = entry.ids, entry.io
+        price, append = self.price, self.records.append
+        if len(self.index.graphs) == 1:  # no subgraphs anywhere
+            for i, node in enumerate(entry.graph.node):
+                append(price(node, io[i], ids[i], path, repeat, counted, note))
+            return
         for i, node in enumerate(entry.graph.node):
-            self.records.append(self.price(node, ids[i], path, repeat, counted, note))
+            append(price(node, io[i], ids[i], path, repeat, counted, note))
             children = self.index.children(path, i) if node.attribute else []
             if children:
                 self.walk_subgraphs(node, children, ids[i], repeat, counted, note)
@@ -406,39 +418,90 @@ class _Walker:
                 total += rank_value(r.flops)
         return total
 
-    def price(self, node: NodeProto, nid: str, path: str, repeat: Dim, counted: bool, note: str) -> OpCost:
-        """One node's cost record. One function on purpose: it is the analyzer's inner loop (160k nodes in
-        ~3 s), with the None-propagating sums inlined; split into helpers it cost a call per input."""
-        op = node.op_type
-        table = self.table
-        in_names, out_names = list(node.input), list(node.output)  # read the protobuf once
-        sget = table.shapes.get
+    def price(
+        self,
+        node: NodeProto,
+        io: tuple[tuple[str, ...], tuple[str, ...]],
+        nid: str,
+        path: str,
+        repeat: Dim,
+        counted: bool,
+        note: str,
+    ) -> OpCost:
+        """One node's cost record: the analyzer's inner loop (160k nodes).
+
+        Nodes whose formula reads no attribute are priced once per signature (op, domain and each
+        input's and output's `_signature`): what `_fields` computes depends on nothing else, and big
+        graphs repeat a few signatures, so most nodes cost a key and a lookup.
+        """
+        op, domain = node.op_type, node.domain
+        in_names, out_names = io  # the node's names, read once per model (`GraphEntry.io`)
         formula = FORMULAS.get(op)
+        fields = key = None
+        if formula is None or formula in ATTRIBUTE_FREE or not node.attribute:
+            sig, new_sig = self._sig, self._new_signature
+            key = (
+                op,
+                domain,
+                *[sig[n] if n in sig else new_sig(n) for n in in_names],
+                None,
+                *[sig[n] if n in sig else new_sig(n) for n in out_names],
+            )
+            fields = self._memo.get(key)
+        if fields is None:
+            fields = self._fields(node, op, formula, in_names, out_names)
+            if key is not None:
+                self._memo[key] = fields
+        flops, gemms, act, wts, out_b, io, inter, saved, modelled = fields
+        rec = OpCost(
+            nid, op, domain, path, flops, act, wts, out_b, io, inter, saved, gemms,
+            repeat=repeat, counted=counted, modelled=modelled, note=note,
+        )  # fmt: skip
+        return rec if repeat == 1 else _scaled(rec, repeat)
+
+    def _new_signature(self, name: str) -> int:
+        """A small int per distinct (shape, dtype, weight?, graph input?, graph output?) of a value.
+
+        Shapes compare by `shape_key` (int dims by value, others by identity) and are looked up by
+        the id of their tuple: the table holds them all and does not change during the walk. "" (an
+        omitted input) is -1.
+        """
+        if not name:
+            s = -1
+        else:
+            table = self.table
+            shape = table.shapes.get(name)
+            shapes = self._shape_ids
+            k = shapes.get(id(shape))
+            if k is None:  # numbered once per shape tuple: interned shapes (big graphs) come back often
+                key = None if shape is None else shape_key(shape)
+                k = shapes[id(shape)] = self._shape_nums.setdefault(key, len(self._shape_nums))
+            sig = (
+                k,
+                table.dtypes.get(name, 0),
+                name in table.weights,
+                name in self.graph_inputs,
+                name in self.graph_outputs,
+            )
+            s = self._sigs.setdefault(sig, len(self._sigs))
+        self._sig[name] = s
+        return s
+
+    def _fields(
+        self, node: NodeProto, op: str, formula, in_names: tuple[str, ...], out_names: tuple[str, ...]
+    ) -> tuple[Dim, tuple, Dim, Dim, Dim, Dim, Dim, Dim, bool]:
+        """(flops, gemms, read, weights, written, io, intermediate, fusion saved, modelled) of one node,
+        with the None-propagating sums inlined (None = unknown, never 0)."""
+        table = self.table
         count = None
         if formula is not None:
+            sget = table.shapes.get
             count = formula(
                 node, [sget(n) if n else None for n in in_names], [sget(n) if n else None for n in out_names]
             )
-        rec = OpCost(
-            nid,
-            op,
-            node.domain,
-            path,
-            None if count is None else count.flops,
-            0,
-            0,
-            0,
-            0,
-            0,
-            repeat=repeat,
-            counted=counted,
-            modelled=count is not None,
-            note=note,
-        )
-        if count is not None:
-            rec.gemms = count.gemms
+        flops, gemms = (None, ()) if count is None else (count.flops, count.gemms)
         if op in VIEWS or op in CONTROL_FLOW:
-            return _scaled(rec, repeat)
+            return flops, gemms, 0, 0, 0, 0, 0, 0, count is not None
         weights, gin, gout = table.weights, self.graph_inputs, self.graph_outputs
         cache, vb = self._bytes, self.value_bytes
         act: Dim = 0
@@ -446,7 +509,6 @@ class _Walker:
         io: Dim = 0
         inter: Dim = 0
         partial = op in PARTIAL_READS
-        # hot loop: inline None-propagating sums (None = unknown, never 0)
         for k, name in enumerate(in_names):
             if not name:
                 continue
@@ -470,12 +532,11 @@ class _Walker:
                 io = None if io is None or b is None else io + b
             else:
                 inter = None if inter is None or b is None else inter + b
-        rec.bytes_read, rec.bytes_weights, rec.bytes_written = act, wts, out_b
-        rec.bytes_io, rec.bytes_intermediate = io, inter
+        saved: Dim = 0
         if count is not None and count.saved_elems:
             size = dtype_size(table.dtypes.get(out_names[0], 0)) if out_names else None
-            rec.fusion_saved_bytes = _mul(count.saved_elems, size)
-        return _scaled(rec, repeat)
+            saved = _mul(count.saved_elems, size)
+        return flops, gemms, act, wts, out_b, io, inter, saved, count is not None
 
 
 _COST_FIELDS = (
@@ -512,14 +573,17 @@ def rank_value(x: Dim) -> float:
 
 def _unique_weights(table: ShapeTable) -> tuple[Dim, Dim]:
     """Bytes and element count of all initializers and Constant values (each counted once)."""
-    nbytes: Dim = 0
-    params: Dim = 0
+    counts: list[Dim] = []
+    sizes: list[Dim] = []
+    shapes, dtypes = table.shapes, table.dtypes
     for name in table.weights:
-        shape = table.shapes.get(name)
+        shape = shapes.get(name)
         n = None if shape is None else prod(shape)
-        size = dtype_size(table.dtypes.get(name, 0))
-        params = _add(params, n)
-        nbytes = _add(nbytes, None if n is None or size is None else n * size)
+        size = dtype_size(dtypes.get(name, 0))
+        counts.append(n)
+        sizes.append(None if n is None or size is None else n * size)
+    params = None if any(n is None for n in counts) else add_all(counts)
+    nbytes = None if any(b is None for b in sizes) else add_all(sizes)
     return nbytes, params
 
 
@@ -527,15 +591,24 @@ def _unique_weights(table: ShapeTable) -> tuple[Dim, Dim]:
 
 
 def _finish(report: Report) -> Report:
-    """Derive per-record intensity/roofline/time and all roll-ups from the raw records."""
+    """Derive per-record intensity/roofline/time and all roll-ups from the raw records.
+
+    Each record's byte total is summed once here (once per distinct cost objects) and handed to
+    the roll-ups (`totals`, by record id): on symbolic graphs every such sum is a new polynomial.
+    """
     dev = report.device
     ridge = dev.ridge
     peak, bw = dev.peak_flops, dev.bandwidth
     num = (int, float)
+    totals: dict[int, Dim] = {}
+    # symbolic records priced from one signature share their cost objects: derive once per such tuple
+    derived: dict[tuple, tuple] = {}
+    polys: dict[int, Poly] = {}
     for r in report.records:
         f, rd, w, wr = r.flops, r.bytes_read, r.bytes_weights, r.bytes_written
         if type(f) in num and type(rd) in num and type(w) in num and type(wr) in num:  # fast path: numbers
             total = rd + w + wr
+            totals[id(r)] = total
             r.intensity = f / total if total else None
             if not r.modelled:
                 r.roofline = "unmodelled"
@@ -545,21 +618,32 @@ def _finish(report: Report) -> Report:
                 r.roofline = "compute" if total == 0 or f / total >= ridge else "memory"
             r.est_time_s = max(f / peak, total / bw)
             continue
-        total = r.bytes_total
-        r.intensity = intensity(r.flops, total)
-        r.roofline = classify(r.flops, total, ridge) if r.modelled else "unmodelled"
-        r.est_time_s = est_time(to_number(r.flops), to_number(total), dev)
+        key = (id(f), id(rd), id(w), id(wr), r.modelled)  # the records keep these objects alive
+        hit = derived.get(key)
+        if hit is None:
+            total = r.bytes_total
+            hit = derived[key] = (
+                total,
+                intensity(f, total),
+                classify(f, total, ridge) if r.modelled else "unmodelled",
+                est_time(to_number(f), to_number(total), dev),
+            )
+        totals[id(r)], r.intensity, r.roofline, r.est_time_s = hit
+        if r.counted:  # only this path meets polynomials: collect each one once, for the symbols
+            for x in (f, hit[0]):
+                if type(x) is Poly:
+                    polys[id(x)] = x
     counted = [r for r in report.records if r.counted]
-    report.totals, flops, nbytes = _totals(report, counted)
-    report.by_op = _by_op(counted, flops, nbytes, ridge, report.profile)
+    report.totals, flops, nbytes = _totals(report, counted, totals)
+    report.by_op = _by_op(counted, totals, flops, nbytes, ridge, report.profile)
     report.gemm_shapes = _gemm_hist(counted)
     report.traffic = _traffic(counted, report)
     report.boundedness = _boundedness(counted)
-    report.fusion = _fusion(counted)
+    report.fusion = _fusion(counted, totals)
     report.unmodelled = dict(Counter(_kind(r) for r in report.records if not r.modelled).most_common())
     syms: set[str] = set()
-    for r in counted:
-        syms |= free_symbols(r.flops) | free_symbols(r.bytes_total)
+    for x in polys.values():
+        syms |= x.symbols()
     report.totals["symbols"] = sorted(syms)
     return report
 
@@ -568,16 +652,10 @@ def _kind(r: OpCost) -> str:
     return r.op_type if r.domain in ("", "ai.onnx") else f"{r.domain}.{r.op_type}"
 
 
-def _sum(xs) -> tuple[Dim, int]:
+def _sum(xs: list[Dim]) -> tuple[Dim, int]:
     """Sum of the known values and the number of unknown ones (never folded in as 0)."""
-    total: Dimlike = 0
-    unknown = 0
-    for x in xs:
-        if x is None:
-            unknown += 1
-        else:
-            total = total + x
-    return total, unknown
+    known = [x for x in xs if x is not None]
+    return add_all(known), len(xs) - len(known)
 
 
 def _num(x: Dim) -> dict:
@@ -596,9 +674,9 @@ def _share(part: Dim, whole: Dim) -> float | None:
     return float(part) / float(whole) if whole else None
 
 
-def _totals(report: Report, counted: list[OpCost]) -> tuple[dict, Dim, Dim]:
-    flops, unk_f = _sum(r.flops for r in counted if r.modelled)
-    nbytes, unk_b = _sum(r.bytes_total for r in counted)
+def _totals(report: Report, counted: list[OpCost], totals: dict[int, Dim]) -> tuple[dict, Dim, Dim]:
+    flops, unk_f = _sum([r.flops for r in counted if r.modelled])
+    nbytes, unk_b = _sum([totals[id(r)] for r in counted])
     return (
         {
             "nodes": len(report.records),
@@ -620,7 +698,12 @@ def _totals(report: Report, counted: list[OpCost]) -> tuple[dict, Dim, Dim]:
 
 
 def _by_op(
-    counted: list[OpCost], all_flops: Dim, all_bytes: Dim, ridge: float, profile: dict[str, float] | None
+    counted: list[OpCost],
+    totals: dict[int, Dim],
+    all_flops: Dim,
+    all_bytes: Dim,
+    ridge: float,
+    profile: dict[str, float] | None,
 ) -> list[dict]:
     groups: dict[str, list[OpCost]] = {}
     for r in counted:
@@ -628,8 +711,8 @@ def _by_op(
     time_total = sum(profile.values()) if profile else 0.0
     rows = []
     for kind, recs in groups.items():
-        flops, unk = _sum(r.flops for r in recs)
-        nbytes, unk_b = _sum(r.bytes_total for r in recs)
+        flops, unk = _sum([r.flops for r in recs])
+        nbytes, unk_b = _sum([totals[id(r)] for r in recs])
         row = {
             "op_type": kind,
             "count": len(recs),
@@ -680,15 +763,22 @@ def _by_op(
 
 def _gemm_hist(counted: list[OpCost]) -> list[dict]:
     hist: dict[tuple, dict] = {}
+    # ids of (GEMM, repeat) -> (text key, FLOPs): records priced from one signature share their GEMM
+    # tuples, so a big graph computes each product and text once (the records keep the objects alive).
+    seen: dict[tuple[int, int], tuple[tuple, Dim]] = {}
     for r in counted:
+        rep = 1 if r.repeat is None else r.repeat
         for g in r.gemms:
             if any(d is None for d in g):
                 continue
-            b, m, k, n = g
-            key = tuple(to_text(d) for d in g)
-            e = hist.setdefault(
-                key,
-                {
+            hit = seen.get((id(g), id(rep)))
+            if hit is None:
+                b, m, k, n = g
+                hit = seen[id(g), id(rep)] = tuple(to_text(d) for d in g), _mul(2, b, m, k, n, rep)
+            key, flops = hit
+            e = hist.get(key)
+            if e is None:
+                e = hist[key] = {
                     "batch": key[0],
                     "M": key[1],
                     "K": key[2],
@@ -696,10 +786,9 @@ def _gemm_hist(counted: list[OpCost]) -> list[dict]:
                     "count": 0,
                     "_flops": 0,
                     "op_types": set(),
-                },
-            )
-            e["count"] += 1 if r.repeat is None else r.repeat
-            e["_flops"] = _add(e["_flops"], _mul(2, b, m, k, n, 1 if r.repeat is None else r.repeat))
+                }
+            e["count"] += rep
+            e["_flops"] = _add(e["_flops"], flops)
             e["op_types"].add(r.op_type)
     rows = []
     for e in hist.values():
@@ -720,9 +809,9 @@ def _gemm_hist(counted: list[OpCost]) -> list[dict]:
 
 
 def _traffic(counted: list[OpCost], report: Report) -> dict:
-    w, uw = _sum(r.bytes_weights for r in counted)
-    io, uio = _sum(r.bytes_io for r in counted)
-    inter, ui = _sum(r.bytes_intermediate for r in counted)
+    w, uw = _sum([r.bytes_weights for r in counted])
+    io, uio = _sum([r.bytes_io for r in counted])
+    inter, ui = _sum([r.bytes_intermediate for r in counted])
     total = _add(w, io, inter)
     return {
         "weights": to_number(w),
@@ -740,28 +829,29 @@ def _traffic(counted: list[OpCost], report: Report) -> dict:
 
 
 def _boundedness(counted: list[OpCost]) -> dict:
-    by: dict[str, Dim] = {}
+    groups: dict[str, list[Dim]] = {}
     for r in counted:
         if r.flops is None or not r.modelled:
             continue
-        by[r.roofline] = _add(by.get(r.roofline, 0), r.flops)
-    total, _ = _sum(by.values())
+        groups.setdefault(r.roofline, []).append(r.flops)
+    by = {cls: add_all(fs) for cls, fs in groups.items()}
+    total, _ = _sum(list(by.values()))
     return {
         cls: {"flops": to_number(v), "flops_expr": to_text(v), "share": _share(v, total)}
         for cls, v in sorted(by.items())
     }
 
 
-def _fusion(counted: list[OpCost]) -> list[dict]:
+def _fusion(counted: list[OpCost], totals: dict[int, Dim]) -> list[dict]:
     groups: dict[str, list[OpCost]] = {}
     for r in counted:
         if r.fusion_saved_bytes != 0:
             groups.setdefault(_kind(r), []).append(r)
     rows = []
     for kind, recs in sorted(groups.items()):
-        flops, _ = _sum(r.flops for r in recs)
-        nbytes, _ = _sum(r.bytes_total for r in recs)
-        saved, _ = _sum(r.fusion_saved_bytes for r in recs)
+        flops, _ = _sum([r.flops for r in recs])
+        nbytes, _ = _sum([totals[id(r)] for r in recs])
+        saved, _ = _sum([r.fusion_saved_bytes for r in recs])
         rows.append(
             {
                 "op_type": kind,

@@ -635,6 +635,10 @@ FORMULAS: dict[str, Formula] = {
 }
 
 
+ATTRIBUTE_FREE: frozenset[Formula] = frozenset({_matmul, _variadic, _reduce, _zero})
+"""Formulas that read no attribute: their result is a function of the op, inputs and shapes alone."""
+
+
 def op_count(node: NodeProto, ins: Sequence[Shape | None], outs: Sequence[Shape | None]) -> OpCount | None:
     """The node's FLOPs and GEMM shapes, or None when its op is not modelled."""
     f = FORMULAS.get(node.op_type)

@@ -73,6 +73,7 @@ class GraphEntry:
     _producers: dict[str, int] | None = field(default=None, repr=False)
     _consumers: dict[str, list[int]] | None = field(default=None, repr=False)
     _constants: dict[str, Constant] | None = field(default=None, repr=False)
+    _io: list[tuple[tuple[str, ...], tuple[str, ...]]] | None = field(default=None, repr=False)
 
     @property
     def ids(self) -> list[str]:
@@ -80,6 +81,14 @@ class GraphEntry:
         if self._ids is None:
             self._ids = node_ids(self.graph, self.path)
         return self._ids
+
+    @property
+    def io(self) -> list[tuple[tuple[str, ...], tuple[str, ...]]]:
+        """Each node's (input names, output names), in node order: read from the protobuf once, as
+        every read of a name builds a new str (~1 us under upb; 160k nodes: 0.5 s a pass)."""
+        if self._io is None:
+            self._io = [(tuple(n.input), tuple(n.output)) for n in self.graph.node]
+        return self._io
 
     def producer_index(self, name: str) -> int | None:
         """Position of the node that makes `name` in this graph (None: an input, a constant, or elsewhere)."""

@@ -53,8 +53,12 @@ RULES_FIRST_NODES = 20_000  # from this size, graphs of EXACT_RULE_OPS only try 
 
 def input_symbols(model: ModelProto) -> dict[str, str]:
     """Symbol name -> "input[axis]" for every non-static dim of the model's real inputs."""
+    return _symbols_of(_real_inputs(model.graph))
+
+
+def _symbols_of(real: list[onnx.ValueInfoProto]) -> dict[str, str]:
     syms: dict[str, str] = {}
-    for vi in _real_inputs(model.graph):
+    for vi in real:
         for axis, d in enumerate(vi.type.tensor_type.shape.dim):
             name = _input_dim_symbol(vi.name, axis, d)
             if name:
@@ -71,8 +75,8 @@ def _input_dim_symbol(input_name: str, axis: int, d) -> str | None:
     return safe_symbol(f"{input_name}_{axis}")
 
 
-def _inputs_already_named(model: ModelProto) -> bool:
-    for vi in _real_inputs(model.graph):
+def _inputs_already_named(real: list[onnx.ValueInfoProto]) -> bool:
+    for vi in real:
         tt = vi.type.tensor_type
         for axis, d in enumerate(tt.shape.dim):
             sym = _input_dim_symbol(vi.name, axis, d)
@@ -98,8 +102,10 @@ def prepare_inputs(
     """
     shapes = dict(shapes or {})
     dims = {safe_symbol(k): v for k, v in (dims or {}).items()}
-    if not shapes and not dims and _inputs_already_named(model):
-        return model, input_symbols(model)  # nothing to write: no copy
+    if not shapes and not dims:
+        real = _real_inputs(model.graph)  # once: it reads every initializer's name
+        if _inputs_already_named(real):
+            return model, _symbols_of(real)  # nothing to write: no copy
     m = ModelProto()
     m.CopyFrom(model)
     real = _real_inputs(m.graph)
@@ -223,19 +229,22 @@ def infer_shapes(
     *,
     symbolic: bool | str = "auto",
     ort_max_nodes: int = ORT_MAX_NODES,
+    index: ModelIndex | None = None,
 ) -> ShapeTable:
     """Shapes and dtypes for every value of `model` (subgraphs too), see the module doc.
 
     `symbolic`: "auto" runs onnxruntime's symbolic inference when it can help and the graph
-    has at most `ort_max_nodes` nodes; True forces it, False skips it.
+    has at most `ort_max_nodes` nodes; True forces it, False skips it. `index`: the caller's
+    index of `model`, used when nothing is written into the inputs (its tables are then shared).
     """
     prepared, symbols = prepare_inputs(model, shapes, dims)
     strong = set(symbols)
     table = ShapeTable(symbols=symbols)
-    index = ModelIndex(prepared)
+    if index is None or index.model is not prepared:
+        index = ModelIndex(prepared)
     inits = _static_facts(table, index)
     n_nodes = sum(len(e.graph.node) for e in index.graphs.values())
-    if n_nodes >= RULES_FIRST_NODES and {n.op_type for _, _, n in index.nodes()} <= EXACT_RULE_OPS:
+    if n_nodes >= RULES_FIRST_NODES and _op_types(index) <= EXACT_RULE_OPS:
         # Huge graph of plain ops: the per-node rules are exact for these, and a third of the
         # cost of onnx's inference (serialise, infer, parse back) is saved when they suffice.
         _collect_into(table, index, strong)
@@ -270,6 +279,12 @@ def infer_shapes(
     return _finish(table, fallback, filled, left)
 
 
+def _op_types(index: ModelIndex) -> set[str]:
+    if len(index.graphs) == 1:
+        return {n.op_type for n in index.main.graph.node}
+    return {n.op_type for _, _, n in index.nodes()}
+
+
 def _static_facts(table: ShapeTable, index: ModelIndex) -> dict[str, TensorProto]:
     """Initializers (sparse ones too) and Constant outputs: their shapes, dtypes, and that they are weights."""
     inits: dict[str, TensorProto] = {}
@@ -285,11 +300,14 @@ def _static_facts(table: ShapeTable, index: ModelIndex) -> dict[str, TensorProto
         for node in g.node:
             if node.op_type == "Constant" and node.output:
                 table.weights.add(node.output[0])
+    shapes, dtypes = table.shapes, table.dtypes
+    table.weights.update(inits)
+    same: dict[Shape, Shape] = {}  # equal dims (all ints) share one tuple: the rules' memo keys on ids
     for name, t in inits.items():
-        table.weights.add(name)
-        if name not in table.shapes:
-            table.shapes[name] = tuple(t.dims)
-            table.dtypes[name] = t.data_type
+        if name not in shapes:
+            shape = tuple(t.dims)
+            shapes[name] = same.setdefault(shape, shape)
+            dtypes[name] = t.data_type
     return inits
 
 

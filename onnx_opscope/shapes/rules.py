@@ -70,6 +70,11 @@ class Fallback:
         self.index, self.table, self.inits, self.strong = index, table, inits, strong
         self.producer: dict[str, NodeProto] | None = None
         self._consts: dict[str, np.ndarray | None] = {}
+        # (op, id of each input's shape) -> (those shapes, the rule's answer), for the rules that read
+        # nothing but input shapes: a 160k-node chain has a handful of distinct cases. The shapes are
+        # kept in the entry so that their ids cannot be reused by other objects while it lives.
+        self._memo: dict[tuple, tuple[list, list]] = {}
+        self._same: dict[tuple, Shape] = {}  # shape_key -> the first such answer: equal answers share a tuple
         self.filled = self.incomplete = 0
 
     def run(self) -> tuple[int, int]:
@@ -78,43 +83,77 @@ class Fallback:
         Subgraphs are visited before the node that owns them: an If's outputs follow its branches'.
         """
         self.filled = self.incomplete = 0
-        for _, _, node in self.index.nodes(subgraphs_first=True):
-            self._fill(node)
+        fill = self._fill
+        if len(self.index.graphs) == 1:  # no subgraphs: the node list itself (160k nodes: no generator)
+            main = self.index.main
+            for node, (ins, outs) in zip(main.graph.node, main.io, strict=True):
+                fill(node, ins, outs)
+        else:
+            for entry, i, node in self.index.nodes(subgraphs_first=True):
+                fill(node, *entry.io[i])
         return self.filled, self.incomplete
 
-    def _fill(self, node: NodeProto) -> None:
-        shapes, strong = self.table.shapes, self.strong
-        outs = list(node.output)
-        dtypes = self.table.dtypes
+    def _fill(self, node: NodeProto, in_names: tuple[str, ...], outs: tuple[str, ...]) -> None:
+        """The inner loop of shape inference (once per node, 160k times on big graphs): single-output
+        nodes and ops whose dtype is their first input's take the short ways, and the rules that read
+        only input shapes answer once per distinct inputs."""
+        table, strong = self.table, self.strong
+        shapes, dtypes = table.shapes, table.dtypes
+        op = node.op_type
         for i, o in enumerate(outs):
             if o and o not in dtypes:
-                dt = _out_dtype(node, i, dtypes)
+                if op in _DTYPE_RULE_OPS:
+                    dt = _out_dtype(node, i, dtypes)
+                else:
+                    dt = dtypes.get(in_names[0], 0) if in_names and in_names[0] else 0
                 if dt:
                     dtypes[o] = dt
-        if all(not o or complete(shapes.get(o), strong) for o in outs):
+        if len(outs) == 1:
+            if not outs[0] or complete(shapes.get(outs[0]), strong):
+                return
+        elif all(not o or complete(shapes.get(o), strong) for o in outs):
             return
-        rule = _RULES.get(node.op_type)
-        if rule is None:
-            if node.op_type in _SAME_AS_INPUT:
-                rule = _same_as_input
-            elif node.op_type in _BROADCAST:
-                rule = _broadcast_rule
+        new = self._answer(node, op, in_names)
+        for o, shp in zip(outs, new, strict=False):
+            if o and shp is not None:
+                old = shapes.get(o)
+                if old is None:
+                    best = tuple(shp)
+                    self.filled += len(best)
+                    shapes[o] = best
+                    continue
+                best = best_shape(old, tuple(shp), strong)
+                if best != old:
+                    self.filled += (
+                        len(best)
+                        if len(old) != len(best)
+                        else sum(1 for d, e in zip(best, old, strict=True) if d is not e)
+                    )
+                    shapes[o] = best
+        for o in outs:
+            if o and not complete(shapes.get(o), strong):
+                self.incomplete += 1
+
+    def _answer(self, node: NodeProto, op: str, in_names: tuple[str, ...]) -> list:
+        """The op's rule's output shapes; memoised (and the answers interned) for shape-only rules."""
+        key = None
+        if op in _SHAPE_ONLY_RULE_OPS:
+            get = self.table.shapes.get
+            ins = [get(n) if n else _ABSENT for n in in_names]
+            key = (op, *[id(x) for x in ins])
+            memo = self._memo.get(key)
+            if memo is not None:
+                return memo[1]
+        rule = _RULE_OF.get(op)
         try:
             new = rule(self, node) if rule is not None else []
         except Exception:  # noqa: BLE001 - a rule that cannot decide leaves the dims unknown
             new = []
-        for o, shp in zip(outs, new, strict=False):
-            if o and shp is not None:
-                old = shapes.get(o)
-                best = tuple(shp) if old is None else best_shape(old, tuple(shp), strong)
-                if best != old:
-                    self.filled += (
-                        len(best)
-                        if old is None or len(old) != len(best)
-                        else sum(1 for d, e in zip(best, old, strict=True) if d is not e)
-                    )
-                    shapes[o] = best
-        self.incomplete += sum(1 for o in outs if o and not complete(shapes.get(o), strong))
+        if key is not None:
+            same = self._same
+            new = [shp if shp is None else same.setdefault(shape_key(shp), shp) for shp in new]
+            self._memo[key] = (ins, new)
+        return new
 
     def forget_values(self) -> None:
         """Drop the folded constants and tracked shape values, after the table learnt more shapes."""
@@ -273,6 +312,17 @@ _BOOL_OUT = op_set("Equal Less Greater LessOrEqual GreaterOrEqual And Or Xor Not
 _I64_OUT = op_set("Shape Size ArgMax ArgMin NonZero NonMaxSuppression")
 _I32_OUT = op_set("MatMulInteger ConvInteger")
 _FLOAT_OUT = op_set("MatMulIntegerToFloat DynamicQuantizeMatMul DynamicQuantizeLSTM")
+
+
+_DTYPE_RULE_OPS = (
+    _BOOL_OUT
+    | _I64_OUT
+    | _I32_OUT
+    | _FLOAT_OUT
+    | op_set("Where OneHot Constant TopK Cast DynamicQuantizeLinear QuantizeLinear DequantizeLinear")
+    | op_set("ConstantOfShape If Loop Scan")
+)
+"""The ops whose output dtype is not simply their first input's (`_out_dtype` has a rule for each)."""
 
 
 def _out_dtype(node: NodeProto, i: int, dtypes: dict[str, int]) -> int:
@@ -459,22 +509,36 @@ def _broadcast(shapes: Sequence[Shape | None]) -> Shape | None:
     out: list[Dim] = []
     for axis in range(rank):
         ds = [s[axis - rank + len(s)] for s in shapes if axis - rank + len(s) >= 0]
-        ints = {d for d in ds if isinstance(d, int) and d != 1}
-        if len(ints) == 1:
-            out.append(ints.pop())
+        d = ds[0]
+        t = type(d)
+        if (t is int or t is Poly) and all(e is d for e in ds):  # one dim (or the same one) at this axis
+            out.append(d)
             continue
-        if len(ints) > 1:
+        d = _broadcast_axis(ds)
+        if d is _MISMATCH:
             return None
-        polys = [d for d in ds if isinstance(d, Poly)]
-        if polys:
-            # Different expressions broadcast together must be equal at run time (or 1):
-            # keep the shortest, as ORT's auto-merge keeps one.
-            out.append(min(polys, key=lambda p: len(str(p))))
-        elif not polys and all(d == 1 for d in ds):
-            out.append(1)
-        else:
-            out.append(None)
+        out.append(d)
     return tuple(out)
+
+
+_MISMATCH = object()
+
+
+def _broadcast_axis(ds: list[Dim]) -> Dim | object:
+    """The broadcast of one axis' dims, `_MISMATCH` when two static sizes differ."""
+    ints = {d for d in ds if isinstance(d, int) and d != 1}
+    if len(ints) == 1:
+        return ints.pop()
+    if len(ints) > 1:
+        return _MISMATCH
+    polys = [d for d in ds if isinstance(d, Poly)]
+    if polys:
+        # Different expressions broadcast together must be equal at run time (or 1):
+        # keep the shortest, as ORT's auto-merge keeps one.
+        return min(polys, key=lambda p: len(str(p)))
+    if all(d == 1 for d in ds):
+        return 1
+    return None
 
 
 def _same_as_input(fb: Fallback, node: NodeProto) -> list:
@@ -485,7 +549,8 @@ def _same_as_input(fb: Fallback, node: NodeProto) -> list:
 
 
 def _broadcast_rule(fb: Fallback, node: NodeProto) -> list:
-    return [_broadcast([fb.shape(node, i) for i in range(len(node.input)) if node.input[i]])]
+    get = fb.table.shapes.get
+    return [_broadcast([get(name) for name in node.input if name])]
 
 
 def _matmul_shape(a: Shape | None, b: Shape | None) -> Shape | None:
@@ -993,3 +1058,23 @@ _RULES = {
         )
     },
 }
+
+
+def shape_key(shape: Shape) -> tuple:
+    """A key equal for interchangeable shapes only: int dims by value, any other dim by identity.
+
+    (By value, 4.0 == 4 and equal polynomials built in another term order would collide.)
+    """
+    return tuple(d if type(d) is int else (id(d),) for d in shape)
+
+
+_SHAPE_ONLY_RULE_OPS = _BROADCAST | {"MatMul"}
+"""Ops whose rule reads only the input shapes (no attribute, no tensor value): memoised in `Fallback._fill`."""
+_ABSENT = object()  # stands for an omitted optional input in a memo key
+
+_RULE_OF = {
+    **dict.fromkeys(_BROADCAST, _broadcast_rule),
+    **dict.fromkeys(_SAME_AS_INPUT, _same_as_input),
+    **_RULES,
+}
+"""Every op's rule in one lookup: its own rule first, then same-as-input, then broadcasting."""

@@ -40,12 +40,13 @@ class Poly:
     so fully static graphs never allocate a Poly.
     """
 
-    __slots__ = ("terms", "_hash", "_syms")
+    __slots__ = ("terms", "_hash", "_syms", "_str")
 
     def __init__(self, terms: Mapping[Monomial, Number]):
         self.terms = {m: c for m, c in terms.items() if c != 0}
         self._hash: int | None = None
         self._syms: frozenset[str] | None = None
+        self._str: str | None = None
 
     @staticmethod
     def symbol(name: str) -> Poly:
@@ -53,23 +54,34 @@ class Poly:
 
     # -- algebra -------------------------------------------------------------------
     def __add__(self, other: object) -> Dimlike:
+        # Only the touched terms can become 0: the others are nonzero already (every Poly holds
+        # nonzero terms), so no re-filtering; a term that cancels leaves the dict, as `_norm` does.
         if isinstance(other, (int, float)):
             if other == 0:
                 return self
             terms = dict(self.terms)
-            terms[()] = terms.get((), 0) + other
-            return _norm(terms)
+            v = terms.get((), 0) + other
+            if v != 0:
+                terms[()] = v
+            else:
+                del terms[()]
+            return _norm_trusted(terms)
         if isinstance(other, Poly):
             terms = dict(self.terms)
+            get = terms.get
             for m, c in other.terms.items():
-                terms[m] = terms.get(m, 0) + c
-            return _norm(terms)
+                v = get(m, 0) + c
+                if v != 0:
+                    terms[m] = v
+                elif m in terms:
+                    del terms[m]
+            return _norm_trusted(terms)
         return NotImplemented
 
     __radd__ = __add__
 
     def __neg__(self) -> Poly:
-        return Poly({m: -c for m, c in self.terms.items()})
+        return _trusted({m: -c for m, c in self.terms.items()})
 
     def __sub__(self, other: object) -> Dimlike:
         if isinstance(other, (int, float, Poly)):
@@ -164,6 +176,11 @@ class Poly:
         return self._hash
 
     def __str__(self) -> str:
+        if self._str is None:
+            self._str = self._text()
+        return self._str
+
+    def _text(self) -> str:
         def key(item: tuple[Monomial, Number]) -> tuple:
             m = item[0]
             return (-sum(p for _, p in m), m)
@@ -187,12 +204,27 @@ Dimlike = int | float | Poly
 
 
 def _norm(terms: dict[Monomial, Number]) -> Dimlike:
-    terms = {m: c for m, c in terms.items() if c != 0}
+    return _norm_trusted({m: c for m, c in terms.items() if c != 0})
+
+
+def _norm_trusted(terms: dict[Monomial, Number]) -> Dimlike:
+    """`_norm` of terms already free of zeros: a number when nothing symbolic is left."""
     if not terms:
         return 0
     if len(terms) == 1 and () in terms:
         return terms[()]
-    return Poly(terms)
+    return _trusted(terms)
+
+
+def _trusted(terms: dict[Monomial, Number]) -> Poly:
+    """A Poly over `terms` taken as they are (no zero terms, not shared): what arithmetic builds."""
+    p = _new_poly(Poly)
+    p.terms = terms
+    p._hash = p._syms = p._str = None
+    return p
+
+
+_new_poly = object.__new__
 
 
 def _div(a: Number, b: Number) -> Number:
@@ -368,12 +400,62 @@ def prod(dims: Iterable[Dimlike | None]) -> Dimlike | None:
 
 
 def add(*xs: Dimlike | None) -> Dimlike | None:
-    out: Dimlike = 0
+    """Sum of dims, None as soon as one is unknown."""
     for x in xs:
         if x is None:
             return None
-        out = out + x
-    return out
+    return add_all(xs)
+
+
+def add_all(xs: Iterable[Dimlike]) -> Dimlike:
+    """The sum of `xs` (no None), equal in value and type to the fold `0 + x1 + x2 + ...`.
+
+    The fold builds a new Poly per term, so summing n symbolic costs copies n dicts (160k
+    records: seconds); here one dict accumulates them, adding the same coefficients in the
+    same order and dropping a term the moment it cancels, as the fold's normalisation does.
+    Relies on every Poly having a symbolic term (a constant alone is always a number).
+    """
+    num: Number = 0  # the running sum while it is a number
+    terms: dict[Monomial, Number] | None = None  # the running sum's terms while it is symbolic
+    for x in xs:
+        tx = type(x)
+        if terms is None:
+            if tx is int or tx is float:
+                num = num + x
+            elif tx is Poly:
+                terms = dict(x.terms)
+                if num != 0:  # 0 + x is x itself
+                    v = terms.get((), 0) + num
+                    if v != 0:
+                        terms[()] = v
+                    else:
+                        del terms[()]
+            else:  # anything else: the plain operator, then carry on from its result
+                num, terms = _split(num + x)
+        elif tx is Poly:
+            get = terms.get
+            for m, c in x.terms.items():
+                v = get(m, 0) + c
+                if v != 0:
+                    terms[m] = v
+                elif m in terms:
+                    del terms[m]
+            if not terms or (len(terms) == 1 and () in terms):
+                num, terms = terms.get((), 0), None
+        elif tx is int or tx is float:
+            if x != 0:  # Poly + 0 is the Poly itself
+                v = terms.get((), 0) + x
+                if v != 0:
+                    terms[()] = v
+                else:
+                    del terms[()]
+        else:
+            num, terms = _split(_trusted(dict(terms)) + x)
+    return num if terms is None else _trusted(terms)
+
+
+def _split(x: Dimlike) -> tuple[Number, dict[Monomial, Number] | None]:
+    return (0, dict(x.terms)) if isinstance(x, Poly) else (x, None)
 
 
 def evaluate(x: Dimlike | None, values: Mapping[str, Number]) -> Dimlike | None:
