@@ -68,13 +68,7 @@ class Poly:
             return _norm_trusted(terms)
         if isinstance(other, Poly):
             terms = dict(self.terms)
-            get = terms.get
-            for m, c in other.terms.items():
-                v = get(m, 0) + c
-                if v != 0:
-                    terms[m] = v
-                elif m in terms:
-                    del terms[m]
+            _add_terms(terms, other.terms)
             return _norm_trusted(terms)
         return NotImplemented
 
@@ -407,6 +401,17 @@ def add(*xs: Dimlike | None) -> Dimlike | None:
     return add_all(xs)
 
 
+def _add_terms(terms: dict[Monomial, Number], other: Mapping[Monomial, Number]) -> None:
+    """terms += other in place, a term dropped the moment it cancels."""
+    get = terms.get
+    for m, c in other.items():
+        v = get(m, 0) + c
+        if v != 0:
+            terms[m] = v
+        elif m in terms:
+            del terms[m]
+
+
 def add_all(xs: Iterable[Dimlike]) -> Dimlike:
     """The sum of `xs` (no None), equal in value and type to the fold `0 + x1 + x2 + ...`.
 
@@ -433,13 +438,7 @@ def add_all(xs: Iterable[Dimlike]) -> Dimlike:
             else:  # anything else: the plain operator, then carry on from its result
                 num, terms = _split(num + x)
         elif tx is Poly:
-            get = terms.get
-            for m, c in x.terms.items():
-                v = get(m, 0) + c
-                if v != 0:
-                    terms[m] = v
-                elif m in terms:
-                    del terms[m]
+            _add_terms(terms, x.terms)
             if not terms or (len(terms) == 1 and () in terms):
                 num, terms = terms.get((), 0), None
         elif tx is int or tx is float:
