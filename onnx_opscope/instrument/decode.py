@@ -250,7 +250,7 @@ class _Labels:
     grow as pieces are made), hence a class."""
 
     def __init__(self) -> None:
-        self.values: tuple[list[str], ...] = ([], [], [], [])
+        self.values: tuple[list[str], list[str], list[str], list[str]] = ([], [], [], [])  # codes index these
         self._codes: tuple[dict[str, int], ...] = ({}, {}, {}, {})
 
     def code(self, j: int, label: str) -> int:
@@ -292,9 +292,7 @@ class _Plan:
         ]
         self.pieces: dict[int, tuple[tuple, _Piece]] = {}
         self.labels = _Labels()
-        self.site_codes: dict[
-            int, tuple[tuple, np.ndarray]
-        ] = {}  # per site: (its (role, stat)s, their codes)
+        self.site_codes: dict[int, tuple[tuple, np.ndarray]] = {}  # per site: its (role, stat)s, their codes
         self.stat_code = {name: c for c, name in enumerate(sorted({n for t in taps for n in t.sketches}))}
         self.cells: tuple[int, tuple[np.ndarray, ...]] | None = None  # the weights' cells, by serial
         self.weights: _Weights | None = None
@@ -449,16 +447,20 @@ class _Plan:
                 hit = self.pieces[k] = (key, self._piece(site, k, shapes))
             pieces.append(hit[1])
             meta.extend(hit[1].meta)
-        cat = _Piece(*(np.concatenate([getattr(p, f) for p in pieces]) for f in _Piece._fields[:2]), meta,
-                     *(np.concatenate([getattr(p, f) for p in pieces]) for f in _Piece._fields[3:]))  # fmt: skip
-        c, s = count[cat.taps, cat.stats], start[cat.taps, cat.stats]
+
+        def joined(field: str) -> np.ndarray:
+            return np.concatenate([getattr(p, field) for p in pieces])
+
+        if not meta:
+            return _Layout(RowLayout([], np.zeros(0, np.int64)), np.zeros(0, np.int64))
+        cell = joined("taps"), joined("stats")
+        c, s = count[cell], start[cell]
         keep = c > 0
         c, s = c[keep], s[keep]
         offsets = np.cumsum(c) - c
         gather = np.arange(int(c.sum()), dtype=np.int64) + np.repeat(s - offsets, c)
-        lab = self.labels.values
         coded = Coded(
-            (lab[0][:], lab[1][:], lab[2][:], lab[3][:]), cat.codes[keep], cat.ints[keep], cat.missing[keep]
+            self.labels.values, joined("codes")[keep], joined("ints")[keep], joined("missing")[keep]
         )
         return _Layout(RowLayout(list(itertools.compress(meta, keep.tolist())), c, coded), gather)
 

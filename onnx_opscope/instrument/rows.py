@@ -159,20 +159,13 @@ def _label_columns(labels: tuple[tuple[str, str, str, str], ...], counts: bytes)
     """The site, op_type, role and stat columns of chunks with these labels and row counts. Every batch
     of a recording has the same ones, so they are built once (3,000 taps: ~10 ms a batch otherwise)."""
     chunk = np.repeat(np.arange(len(labels)), np.frombuffer(counts, np.int64))
-    return {name: arrow_strings(uniq, codes[chunk]) for name, (uniq, codes) in _label_codes(labels).items()}
-
-
-@functools.lru_cache(maxsize=2)
-def _label_codes(labels: tuple[tuple[str, str, str, str], ...]) -> dict[str, tuple[list[str], np.ndarray]]:
-    """Each label column's distinct values and per-chunk codes: a generation's steps keep the labels
-    while their row counts change (attention rows grow with the past), so this outlives `_label_columns`."""
-    out = {}
+    cols = {}
     for i, name in enumerate(("site", "op_type", "role", "stat")):
         column = [lab[i] for lab in labels]
         uniq = list(dict.fromkeys(column))
         code = {u: k for k, u in enumerate(uniq)}
-        out[name] = (uniq, np.array([code[v] for v in column], np.int64))
-    return out
+        cols[name] = arrow_strings(uniq, np.array([code[v] for v in column], np.int64)[chunk])
+    return cols
 
 
 def arrow_int64(values: np.ndarray, missing: np.ndarray | None = None) -> pa.Array:
