@@ -335,6 +335,24 @@ def test_qdq_from_our_ranges_matches_onnxruntimes_own(name, tmp_path, monkeypatc
         assert ca > 0.9 and abs(ca - cb) <= 0.005 * cb, (ca, cb)
 
 
+def test_cli_entropy_trt_writes_tensorrt_scales_of_its_amax(tmp_path):
+    """`--method entropy-trt --format trt`: one scale per tensor, amax / 127 of the method's symmetric
+    range, counted on |x| over 2048 bins; the amax never exceeds the tensor's max |x|."""
+    model = generated_model_path("cnn")
+    out = tmp_path / "cnn.cache"
+    assert main(["calibrate", str(model), "--batches", "2", "--method", "entropy-trt", "-o", str(out),
+                 "--format", "trt", "-q"]) == 0  # fmt: skip
+    ours = onnx_opscope.calibrate(model, FeedSpec(batches=2), method="entropy-trt")
+    assert ours.options["mode"] == "absolute" and ours.options["bins"] == 2048
+    lines = out.read_text().splitlines()[1:]
+    assert len(lines) == len(ours.ranges) > 0
+    for line in lines:
+        name, hexed = line.split(": ")
+        lo, hi = ours.ranges[name]
+        assert lo == -hi and 0 < hi <= max(abs(float(v)) for v in ours.minmax[name])
+        assert struct.unpack(">f", bytes.fromhex(hexed))[0] == np.float32(float(hi) / 127.0)
+
+
 def test_cli_calibrate(tmp_path, capsys):
     model = generated_model_path("cnn")
     out, qdq = tmp_path / "r.json", tmp_path / "q.onnx"

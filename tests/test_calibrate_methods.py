@@ -23,6 +23,7 @@ from onnxruntime.quantization.calibrate import CalibrationDataReader, Calibratio
 
 from onnx_opscope.calibration.histograms import Histogram, counting_range, histogram_pass
 from onnx_opscope.calibration.methods import compute_ranges, mse_range
+from onnx_opscope.errors import OpscopeError
 from onnx_opscope.graph import load_model
 from onnx_opscope.run.session import make_session, run
 
@@ -208,6 +209,69 @@ def test_entropy_within_one_percent_of_onnxruntime(name):
     for n in names:
         span = max(abs(ref[n][0]), abs(ref[n][1]))
         assert abs(ours[n][0] - ref[n][0]) <= 0.01 * span and abs(ours[n][1] - ref[n][1]) <= 0.01 * span, n
+
+
+# --------------------------------------------------------------------------------------------
+# entropy-trt
+
+
+def _trt_amax_loop(counts: np.ndarray, edges: np.ndarray, start: int = 128, nq: int = 128) -> float:
+    """TensorRT's entropy amax cut by cut, as pytorch-quantization states it (its `_compute_amax_entropy`):
+    zero bin := first bin, p = bins[:i] + outliers on the last, q = per-group mean over nonzero bins,
+    scipy's entropy, the last minimum. The reference the prefix-sum form is held to; a NaN (q all 0,
+    where NVIDIA's argmin would pick the NaN) counts as infinite, as `methods` says."""
+    from scipy.stats import entropy
+
+    b = counts.astype(np.float64).copy()
+    b[0] = b[1]
+    kls = []
+    for i in range(start, b.size + 1):
+        group = np.digitize(np.arange(i), np.linspace(0, i, nq + 1)) - 1
+        nz = b[:i] != 0
+        sums = np.bincount(group[nz], weights=b[:i][nz], minlength=nq)
+        members = np.bincount(group[nz], minlength=nq)
+        q = np.where(nz, sums[group] / np.maximum(members[group], 1), 0.0)
+        p = b[:i].copy()
+        p[-1] += b[i:].sum()
+        kls.append(entropy(p, q))
+    kls = np.nan_to_num(np.asarray(kls), nan=np.inf)
+    return float(edges[start + kls.size - 1 - int(np.argmin(kls[::-1]))])
+
+
+@pytest.mark.parametrize("name", ["transformer_block", "captcha_crnn"])
+def test_entropy_trt_equals_the_loop_reference_on_real_tensors(name):
+    path, feeds = _path(name), _feeds(name)
+    names = _subset(name, _float_tensors(load_model(path)))[::3][:6]
+    ranges = _minmax(_values(path, names, feeds), names)
+    hists = histogram_pass(path, ranges, feeds, bins=2048, mode="absolute")
+    ours = compute_ranges("entropy-trt", hists)
+    for n in names:
+        h = hists[n]
+        amax = _trt_amax_loop(h.counts, h.edges)
+        assert ours[n] == (-amax, amax), n
+
+
+def test_entropy_trt_cuts_a_heavy_tail_and_keeps_a_uniform_range():
+    """Equal to the loop reference on: Laplace values (the amax clips the tail well inside max|x|), the
+    same after a ReLU (its spike of zeros is what the zero-bin rule is for), uniform values (nothing to
+    clip), and values far from 0 like a sigmoid's (empty cuts are infinite: the amax is not below them)."""
+    rng = np.random.default_rng(5)
+    lap = rng.laplace(size=200_000)
+    cases = {
+        "laplace": (lap, lambda amax, t: amax < 0.85 * t),
+        "relu": (np.maximum(lap, 0), lambda amax, t: True),
+        "uniform": (rng.uniform(-1, 1, 200_000), lambda amax, t: amax > 0.95 * t),
+        "sigmoid-like": (rng.uniform(0.2, 1.0, 50_000), lambda amax, t: amax >= 0.2),
+    }
+    for case, (x, expected) in cases.items():
+        t = float(np.abs(x).max())
+        counts, _ = np.histogram(np.abs(x).astype(np.float32), 2048, range=(0, np.float32(t)))
+        h = Histogram(counts.astype(np.int64), 0.0, t, "absolute", float(x.min()), float(x.max()))
+        lo, hi = compute_ranges("entropy-trt", {"x": h})["x"]
+        assert (lo, hi) == (-hi, hi) and hi == pytest.approx(_trt_amax_loop(h.counts, h.edges)), case
+        assert expected(hi, t), (case, hi, t)
+    with pytest.raises(OpscopeError, match="histogram of \\|x\\|"):
+        compute_ranges("entropy-trt", {"x": Histogram(counts.astype(np.int64), -t, t, "symmetric")})
 
 
 # --------------------------------------------------------------------------------------------

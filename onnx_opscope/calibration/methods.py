@@ -17,6 +17,19 @@ batches on one fixed range) and returns (lo, hi) as float32 values.
   does); both smoothed (zeros -> 1e-4, taken off the nonzeros); KL(p || q) in float32. The
   range is (E[z-i], E[z+i+1]) of the smallest KL (first on ties), clipped to [min, max].
   Reproduced operation for operation, vectorised within each i.
+- **entropy-trt** (TensorRT's entropy calibrator as NVIDIA's pytorch-quantization reproduces it,
+  `_compute_amax_entropy`, TensorRT 8.6 tools): on |x| over [0, max|x|] with N bins (2048), the
+  first bin set to the second's count (the spike of zeros a ReLU leaves); for each cut i from
+  `start_bin` (128) to N: p is bins[:i] with the outliers added to its last bin; q gives each
+  nonzero bin j < i the mean of the nonzero bins of its group, j's group being floor(j·Q/i) of
+  Q = 128 (no smoothing); KL(p||q) of both normalised, infinite where p > 0 and q = 0. amax =
+  E[i*] of the last smallest KL; the range is (-amax, amax), not clipped to [min, max]: TensorRT
+  keeps one scale, amax / 127, whatever the sign of the values. One difference on purpose: a cut
+  whose bins[:i] are all empty (a tensor far from 0, e.g. a sigmoid's outputs above 0.17) has
+  q = 0, which pytorch-quantization's scipy call turns into NaN and np.argmin then picks (an amax
+  below every value); here it is infinite, as p > 0 where q = 0. Computed for every i at once
+  from prefix sums (per group: sum and count of nonzero bins; sum of b log b), where
+  pytorch-quantization loops over i and j in Python: ~1,900 cuts of up to 2,048 bins.
 - **mse** (the histogram form of NVIDIA pytorch-quantization's `_compute_amax_mse`):
   T* = argmin over T of sum_b n_b (c_b - s * clip(round(c_b / s), -127, 127))^2, s = T/127,
   c_b the bin centres (each bin's values taken at its centre), T over the positive bin
@@ -39,7 +52,7 @@ import numpy as np
 from ..errors import OpscopeError
 from .histograms import Histogram
 
-METHODS = ("percentile", "entropy", "mse")
+METHODS = ("percentile", "entropy", "entropy-trt", "mse")
 QMAX = 127  # signed int8, symmetric: [-127, 127] * scale
 
 
@@ -134,6 +147,57 @@ def entropy_range(h: Histogram, num_quantized_bins: int = 128) -> tuple[float, f
     return _clip_to_tensor(float(edges[zero - best]), float(edges[min(zero + best + 1, n)]), h)
 
 
+def entropy_trt_range(
+    h: Histogram, start_bin: int = 128, num_quantized_bins: int = 128
+) -> tuple[float, float]:
+    """TensorRT's entropy amax of one tensor (the module doc), from an "absolute" histogram (|x| over
+    [0, t]), as (-amax, amax) in float32."""
+    if h.mode != "absolute":
+        raise OpscopeError("entropy-trt reads the histogram of |x|: count it with mode='absolute'")
+    n, nq = h.bins, num_quantized_bins
+    if not nq <= start_bin <= n:
+        raise OpscopeError(f"entropy-trt needs {nq} <= start_bin ({start_bin}) <= bins ({n})")
+    if _empty(h):
+        return _clip_to_tensor(h.lo, h.hi, h)
+    kl = _trt_divergences(h.counts, start_bin, nq)
+    best = start_bin + kl.size - 1 - int(np.argmin(kl[::-1]))  # the last smallest, as NVIDIA's code
+    amax = float(np.float32(h.edges[best]))
+    return (-amax, amax)
+
+
+def _trt_divergences(counts: np.ndarray, start: int, nq: int) -> np.ndarray:
+    """KL(p || q) for every cut i in start..N (the module doc), from prefix sums: O(N * nq)."""
+    b = counts.astype(np.float64)
+    if b.size > 1:
+        b[0] = b[1]
+    total = b.sum()
+    cuts = np.arange(start, b.size + 1)
+    prefix = np.concatenate([[0.0], np.cumsum(b)])
+    nonzero = np.concatenate([[0], np.cumsum(b != 0)])
+    with np.errstate(divide="ignore", invalid="ignore"):
+        blogb = np.concatenate([[0.0], np.cumsum(np.where(b > 0, b * np.log(b), 0.0))])
+        # group k of cut i holds bins ceil(k*i/nq) .. ceil((k+1)*i/nq) - 1: j's group is floor(j*nq/i)
+        bounds = (np.arange(nq + 1)[None, :] * cuts[:, None] + nq - 1) // nq
+        sums, counts_nz = np.diff(prefix[bounds], axis=1), np.diff(nonzero[bounds], axis=1)
+        mean = np.where(counts_nz > 0, sums / np.maximum(counts_nz, 1), 0.0)
+        log_mean = np.where(mean > 0, np.log(mean), 0.0)
+        last = b[cuts - 1]  # bin i-1: the last group's, with the outliers added to p
+        outliers = total - prefix[cuts]
+        q_total = prefix[cuts]  # sum of q over j < i: each group's sum, spread over its nonzero bins
+        inner = prefix[cuts - 1]  # sum of p over j < i - 1 (p = b there)
+        cross = (sums * log_mean).sum(axis=1) - last * log_mean[:, -1]  # sum over j < i-1 of b_j log q_j
+        body = blogb[cuts - 1] - cross - inner * (np.log(total) - np.log(q_total))
+        p_last = last + outliers
+        tail = np.where(
+            p_last > 0,
+            p_last * (np.log(p_last / total) - (log_mean[:, -1] - np.log(q_total))),
+            0.0,
+        )
+        kl = (body + tail) / total
+    kl[(p_last > 0) & (last == 0)] = np.inf  # p > 0 where q = 0 (and q_total = 0 falls here too)
+    return kl
+
+
 def mse_range(h: Histogram, start_fraction: float = 1 / 16, chunk: int = 256) -> tuple[float, float]:
     """The symmetric int8 range whose fake-quantization of the bin centres has the least squared error."""
     edges = h.edges.astype(np.float64)
@@ -160,11 +224,13 @@ def compute_ranges(
     symmetric: bool = False,
     num_quantized_bins: int = 128,
 ) -> dict[str, tuple[float, float]]:
-    """(lo, hi) of every tensor by `method`: "percentile", "entropy" or "mse" (the module doc)."""
+    """(lo, hi) of every tensor by `method`: "percentile", "entropy", "entropy-trt" or "mse" (the module doc)."""
     if method == "percentile":
         return {k: percentile_range(h, percentile, symmetric) for k, h in hists.items()}
     if method == "entropy":
         return {k: entropy_range(h, num_quantized_bins) for k, h in hists.items()}
+    if method == "entropy-trt":
+        return {k: entropy_trt_range(h) for k, h in hists.items()}
     if method == "mse":
         return {k: mse_range(h) for k, h in hists.items()}
     raise OpscopeError(f"unknown histogram method {method!r}; choose one of: {', '.join(METHODS)}")

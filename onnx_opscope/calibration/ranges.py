@@ -9,7 +9,7 @@ number of batches (onnxruntime's calibrators keep every batch's outputs until th
 not symmetric unless asked): np.nanmin / np.nanmax of the per-batch float32 ReduceMin / ReduceMax,
 on a session with graph optimizations off as onnxruntime's calibrator runs it, so the ranges are
 the same floats bit for bit. Batches may differ in shape (sequence lengths), which onnxruntime's
-histogram calibrators cannot merge. `percentile`, `entropy` and `mse` take a second pass of
+histogram calibrators cannot merge. `percentile`, `entropy`, `entropy-trt` and `mse` take a second pass of
 fixed-range histograms over pass 1's ranges (`histograms`) and turn them into ranges (`methods`).
 """
 
@@ -34,7 +34,7 @@ from ..run.feeds import DEFAULT_BATCHES
 from .taps import MinMaxTap, add_minmax_taps
 from .tensors import CalibTensor, default_op_types, tensors_to_calibrate
 
-METHODS = ("minmax", "percentile", "entropy", "mse")
+METHODS = ("minmax", "percentile", "entropy", "entropy-trt", "mse")
 HISTOGRAM_METHODS = METHODS[1:]
 
 Feeds = FeedSpec | Iterable[Mapping[str, np.ndarray]] | Any
@@ -64,7 +64,8 @@ class CalibrationResult:
         """The ranges as onnxruntime's `TensorsData`, each value a shape-[1] array as its calibrators make."""
         from onnxruntime.quantization.calibrate import CalibrationMethod, TensorData, TensorsData
 
-        kind = {"minmax": "MinMax", "entropy": "Entropy", "percentile": "Percentile", "mse": "MinMax"}
+        kind = {"minmax": "MinMax", "entropy": "Entropy", "entropy-trt": "Entropy", "percentile": "Percentile",
+                "mse": "MinMax"}  # fmt: skip
         data = {
             name: TensorData(lowest=_as_float(lo), highest=_as_float(hi))
             for name, (lo, hi) in self.ranges.items()
@@ -134,7 +135,9 @@ def calibrate(
     bins = bins or DEFAULT_BINS.get(method, 2048)
     if methods_api is not None:
         histogram_pass, compute_ranges = methods_api
-        mode = "absolute" if method == "percentile" and symmetric else "symmetric"
+        mode = (
+            "absolute" if (method == "percentile" and symmetric) or method == "entropy-trt" else "symmetric"
+        )
         counted = {t: minmax[t.name] for t in tensors if t.name in minmax}
         hists = histogram_pass(
             source,

@@ -33,6 +33,14 @@ its own list), found by its own rule, plus the same rule inside If / Loop / Scan
 minmax equals onnxruntime's MinMaxCalibrater bit for bit on the same feeds (its session runs
 with graph optimizations off; so does ours unless --opt-level says otherwise).
 
+methods (--method):
+  minmax       min and max over all batches (onnxruntime's MinMaxCalibrater)
+  percentile   onnxruntime's percentile of an exact histogram (--percentile, --symmetric)
+  entropy      onnxruntime's KL threshold on x over [-t, t] (128 bins, as its default)
+  entropy-trt  TensorRT's KL amax on |x| over [0, max|x|], cuts from bin 128 of 2048, for
+               -o r.cache --format trt (the scale a TensorRT entropy calibrator would write)
+  mse          the symmetric int8 range of least squared error (pytorch-quantization's mse)
+
 formats (-o):
   ort     onnxruntime's calibration cache (JSON): quantize_static(model, out,
           calibration_data_reader=None, calibration_cache_path=RANGES) runs no calibration
@@ -49,6 +57,7 @@ examples:
   opscope calibrate cnn.onnx --op-types Conv,MatMul --symmetric -o cnn.trt --format trt
   opscope calibrate rec.onnx --shape x:1,3,48,320 --batches 32 -o rec_ep --format trt-ep
   opscope calibrate model.onnx --data calib/ --method percentile --percentile 99.99 -o p.json
+  opscope calibrate model.onnx --data calib/ --method entropy-trt -o model.cache --format trt
   opscope calibrate decoder.onnx --generate --prompt-file prompt.txt --steps 64 -o ranges.json
 """
 
