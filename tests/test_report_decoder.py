@@ -113,11 +113,24 @@ def test_decoder_section_prints_the_findings_own_numbers(table, cfg, md):
             g(r[k]) for k in ("min", "max", "absmax", "rms", "crest")
         ]
         assert [row[f"absmax {p}"] for p in PHASES] == [g(f.signals["phases"][p]["absmax"]) for p in PHASES]
-        assert row["cache"] == f.role and row["int8"].startswith(f.exploit.split()[0])
+        assert (
+            row["cache"] == f.role
+            and row["int8"] == f.signals["verdict"]
+            and f.exploit.startswith(row["int8"])
+        )
+        # per KV head, the same on the plain export as on the fused one (3 heads of 64 channels)
+        assert r["heads"] == 3 and row["head absmax"] == " / ".join(g(v) for v in r["head_absmax"])
+        assert row["head spread"] == g(r["head_spread"])
+        assert row["dominant heads"] == (", ".join(map(str, r["dominant_heads"])) or "none")
+        steps = r["int8_steps"]
+        assert row["int8 steps tensor / head / channel"] == " / ".join(
+            g(steps[k]) for k in ("tensor", "head", "channel")
+        )
     for f in (f for f in found if f.rule == "kv_outlier_channels"):
         row = kv[f.site]
         assert row["outlier ratio"] == g(max(p["ratio"] for p in f.signals["phases"].values()))
-        assert row["channels"] == ", ".join(map(str, f.signals["channels"][:8]))
+        assert row["channels"].removesuffix(" ...") == ", ".join(f.signals["named"][:8])
+        assert f.signals["named"][0] == f"h{f.signals['channels'][0] // 64}.{f.signals['channels'][0] % 64}"
 
     drift = {(r["site"], r["role"], r["figure"]): r for r in tables["Prefill to decode drift"]}
     moved = [(f, name) for f in found if f.rule == "phase_drift" for name in f.signals["moved"]]

@@ -21,14 +21,18 @@ series of one run split by phase (thresholds in `MineConfig`):
   attn_krecv unstrided (keys <= SketchOptions.max_rows, 509 by default): past that the strided
   entries are not the last keys and the step is not judged.
 - `kv_outlier_channels` and `kv_range`: a KV-cache tensor (`sites.kv`, roles key / value):
-  max / median of chan_maxabs over head_dim > kv_outlier_min names the channels to keep out of a
-  per-tensor scale; the range is min / max / absmax / RMS, and the crest absmax / RMS says whether
-  per-tensor int8 keeps the bulk (crest <= kv_crest_max) or per-channel scales are needed. The
+  max / median of head_chan_maxabs (per (head, head_dim channel), `sketch.heads`; chan_maxabs in
+  older tables) > kv_outlier_min names the (head, channel)s to keep out of a per-tensor scale; the
+  range is min / max / absmax / RMS, and the crest absmax / RMS says whether per-tensor int8 keeps
+  the bulk (crest <= kv_crest_max) or finer scales are needed. Per head (head_min / head_max /
+  head_sumsq): absmax and RMS per head, their spread (max / median), the dominant heads, and the RMS
+  in int8 steps with one scale per tensor, per head and per (head, channel) (`_heads`): per-head
+  scales are the verdict when they get at least HEAD_RECOVERS of per-channel's gain in bits. The
   tap is what each step writes into the cache (`sites.kv`), so a phase's figures are those of the
   entries it wrote and the cache's range is that over every step (the verdict's).
 - `phase_drift`: decode / prefill of each of those figures (max|x| and the massive ratio of a
   stream tensor; the sink excess, where either phase has a sink; a cache's absmax and outlier
-  ratio) beyond (1 + phase_drift_min)x either way: a scale or a kernel choice made on one phase
+  ratio and head spread) beyond (1 + phase_drift_min)x either way: a scale or a kernel choice made on one phase
   does not hold on the other. Maxima over the decode steps are over more steps than the prefill's one.
 
 Scores, for the ranking: 1 - threshold / ratio (massive activations, KV outlier channels), the
@@ -69,6 +73,10 @@ NORM_OPS = ("SkipLayerNormalization", "SkipSimplifiedLayerNormalization", "Simpl
 PHASES = ("prefill", "decode")
 READ_ROLES = (*KV_ROLES, *STREAM_ROLES, *NORM_ROLES, "attn")  # the roles the rules read
 TOP_CHANNELS = 8  # channels named in a finding's exploit (all of them are in its signals)
+HEAD_DOMINANT = 2.0  # a KV head dominates when its absmax is at least this many times the median head's
+HEAD_RECOVERS = (
+    0.5  # kv_range says per-head scales when they get at least this share of per-channel's gain (bits)
+)
 _LAYER = re.compile(r"(?:^|[/._])(?:layers?|h|blocks?|decoder_layers?)[._](\d+)(?=[/._]|$)")
 _KV_LAYER = re.compile(r"^present[._](?:(?:key|value|k|v)[._])?(\d+)(?=[/._]|$)")
 
@@ -155,9 +163,14 @@ def decoder_findings(series: Sequence[Series], steps: Steps, cfg: MineConfig | N
 # per-phase figures
 
 
-def _chan_max(p: _Phased, phase: str) -> np.ndarray:
+def _chan_max(p: _Phased, phase: str, stat: str = "chan_maxabs") -> np.ndarray:
     """Element-wise max over the phase's steps of chan_maxabs (empty when not recorded or sizes differ)."""
-    got = [p.stats(s, "chan_maxabs") for s in p.by_phase.get(phase, [])]
+    return _chan_over(p, p.by_phase.get(phase, []), stat)
+
+
+def _chan_over(p: _Phased, steps: Sequence[int], stat: str = "chan_maxabs") -> np.ndarray:
+    """Element-wise max over `steps` of a per-channel stat (empty when not recorded or sizes differ)."""
+    got = [p.stats(s, stat) for s in steps]
     got = [g for g in got if g.size]
     if not got or len({g.size for g in got}) != 1:
         return np.zeros(0)
@@ -333,61 +346,140 @@ def causal_uniform(k: int, s: int) -> float:
     return float(tail[: min(k, s)].sum() / s)
 
 
+def _kv_chan_stat(p: _Phased) -> str:
+    """The per-channel stat of a cache: head_chan_maxabs (per (head, head_dim channel), `sketch.heads`),
+    else chan_maxabs (tables recorded before it: pooled over the heads on a plain export)."""
+    return "head_chan_maxabs" if any(p.stats(s, "head_chan_maxabs").size for s in p.where) else "chan_maxabs"
+
+
+def _heads(p: _Phased, steps: list[int], rms: float, absmax: float, chan: np.ndarray) -> dict:
+    """Per-head figures of the entries `steps` wrote (head_min / head_max / head_sumsq), {} when not recorded.
+
+    int8 resolution: the RMS in int8 steps, 127·RMS / sqrt(mean of scale²) with each element's scale
+    absmax / 127 of its group (rounding noise is scale² / 12 an element, every head and channel holds
+    as many elements): per tensor 127·RMS / absmax, per head over the heads' absmax, per channel over
+    the (head, channel) maxima. `head_recovers`: the share of per-channel's gain over per-tensor, in
+    bits, that per-head scales get."""
+    got = {k: [v for s in steps if (v := p.stats(s, k)).size] for k in ("head_min", "head_max", "head_sumsq")}
+    sizes = {v.size for vs in got.values() for v in vs}
+    if not all(got.values()) or len(sizes) != 1:
+        return {}
+    h = sizes.pop()
+    n = sum(p.series.numel.get(s) or 0 for s in steps if p.stats(s, "head_sumsq").size)
+    lo = np.nanmin(np.stack(got["head_min"]), axis=0)
+    hi = np.nanmax(np.stack(got["head_max"]), axis=0)
+    ss = np.sum(np.stack(got["head_sumsq"]), axis=0)
+    amax = np.maximum(np.abs(lo), np.abs(hi))
+    head_rms = np.sqrt(ss / (n / h)) if n else np.full(h, np.nan)
+    ok = np.isfinite(amax)
+    med = float(np.median(amax[ok])) if ok.any() else math.nan
+    order = np.argsort(-np.where(ok, amax, -np.inf), kind="stable")
+    dominant = [int(i) for i in order if ok[i] and med > 0 and amax[i] >= HEAD_DOMINANT * med]
+    steps8 = {"tensor": 127.0 * rms / absmax if absmax > 0 else math.nan,
+              "head": 127.0 * rms / math.sqrt(float(np.mean(amax[ok] ** 2))) if ok.any() else math.nan,
+              "channel": math.nan}  # fmt: skip
+    if chan.size and chan.size % h == 0 and np.isfinite(chan).any():
+        steps8["channel"] = 127.0 * rms / math.sqrt(float(np.nanmean(chan**2)))
+    gain = {k: math.log2(v / steps8["tensor"]) if v > 0 and steps8["tensor"] > 0 else math.nan
+            for k, v in steps8.items() if k != "tensor"}  # fmt: skip
+    recovers = (
+        gain["head"] / gain["channel"] if gain["channel"] > 0 else (1.0 if gain["head"] >= 0 else math.nan)
+    )
+    return {"heads": h, "head_dim": chan.size // h if chan.size % h == 0 else None, "head_min": lo.tolist(),
+            "head_max": hi.tolist(), "head_absmax": amax.tolist(), "head_rms": head_rms.tolist(),
+            "head_steps": (127.0 * head_rms / np.where(amax > 0, amax, np.nan)).tolist(),
+            "head_spread": float(np.nanmax(amax) / med) if med > 0 else math.nan, "dominant_heads": dominant,
+            "int8_steps": steps8, "bits_gained": gain, "head_recovers": recovers}  # fmt: skip
+
+
+def _channel_names(channels: list[int], head_dim: int | None) -> list[str]:
+    """Flat (head, channel) indices as 'h{head}.{channel}' when the head_dim is known, else as they are."""
+    return [f"h{c // head_dim}.{c % head_dim}" if head_dim else str(c) for c in channels]
+
+
 def _kv(p: _Phased, cfg: MineConfig, out: list[Finding]) -> dict[str, dict[str, float]]:
     """kv_range and kv_outlier_channels on one KV-cache tensor; returns its figures per phase."""
     ranges, spreads = {}, {}
+    chan_stat = _kv_chan_stat(p)
     for ph, steps in [*p.by_phase.items(), ("all", sorted(p.where))]:
         lo = [float(v[0]) for s in steps if (v := p.stats(s, "min")).size]
         hi = [float(v[0]) for s in steps if (v := p.stats(s, "max")).size]
         ss = [(float(v[0]), p.series.numel.get(s)) for s in steps if (v := p.stats(s, "sumsq")).size]
         n = sum(m or 0 for _, m in ss)
+        chan = _chan_max(p, ph, chan_stat) if ph != "all" else _chan_over(p, steps, chan_stat)
         if lo and hi:
             absmax = max(abs(min(lo)), abs(max(hi)))
             rms = math.sqrt(sum(x for x, _ in ss) / n) if n else math.nan
             ranges[ph] = {"min": min(lo), "max": max(hi), "absmax": absmax, "rms": rms,
-                          "crest": absmax / rms if rms > 0 else math.nan}  # fmt: skip
-        got = _spread(_chan_max(p, ph), cfg.kv_outlier_min) if ph != "all" else None
+                          "crest": absmax / rms if rms > 0 else math.nan,
+                          **(_heads(p, steps, rms, absmax, chan) if chan_stat == "head_chan_maxabs" else {})}  # fmt: skip
+        got = _spread(chan, cfg.kv_outlier_min) if ph != "all" else None
         if got is not None:
             spreads[ph] = got
     what = "key" if p.series.role == "key" else "value" if p.series.role == "value" else "KV"
+    head_dim = (ranges.get("all") or {}).get("head_dim")
     fired = [ph for ph, g in spreads.items() if g["ratio"] > cfg.kv_outlier_min]
     if fired:
         worst = max(fired, key=lambda ph: spreads[ph]["ratio"])
         channels = list(dict.fromkeys(c for ph in fired for c in spreads[ph]["channels"]))
-        named = _named(channels)
+        named = ", ".join(_channel_names(channels[:TOP_CHANNELS], head_dim)) + (
+            " ..." if len(channels) > TOP_CHANNELS else ""
+        )
         ratio = spreads[worst]["ratio"]
-        per_step = [(_spread(p.stats(s, "chan_maxabs"), cfg.kv_outlier_min) or {}).get("ratio", math.nan)
+        per_step = [(_spread(p.stats(s, chan_stat), cfg.kv_outlier_min) or {}).get("ratio", math.nan)
                     for ph in p.by_phase for s in p.by_phase[ph]]  # fmt: skip
+        unit = "(head, channel)" if head_dim else "channel"
         out.append(_finding(
-            p, "kv_outlier_channels", f"max/median of chan_maxabs {ratio:.1f} > {fmt_num(cfg.kv_outlier_min)} ({worst})",
-            f"per-channel {what}-cache quant, or channel(s) {named} in fp16: {ratio:.1f}x the median channel",
-            1.0 - cfg.kv_outlier_min / ratio, f"max/median of chan_maxabs > {fmt_num(cfg.kv_outlier_min)} on deployment prompts",
-            {"phases": spreads, "channels": channels, "fired": fired},
+            p, "kv_outlier_channels", f"max/median of {chan_stat} {ratio:.1f} > {fmt_num(cfg.kv_outlier_min)} ({worst})",
+            f"per-channel {what}-cache quant, or {unit}(s) {named} in fp16: {ratio:.1f}x the median {unit}",
+            1.0 - cfg.kv_outlier_min / ratio, f"max/median of {chan_stat} > {fmt_num(cfg.kv_outlier_min)} on deployment prompts",
+            {"basis": chan_stat, "phases": spreads, "channels": channels, "head_dim": head_dim,
+             "named": _channel_names(channels, head_dim), "fired": fired},
             [r > cfg.kv_outlier_min for r in per_step if math.isfinite(r)], per_step, cfg))  # fmt: skip
     if "all" in ranges:
         r = ranges["all"]
         crest = r["crest"]
+        heads = r.get("heads")
         if math.isfinite(crest) and crest <= cfg.kv_crest_max:
+            verdict = "per-tensor"
             exploit = (f"per-tensor int8 {what} cache: scale {r['absmax'] / 127:.3g} (absmax {r['absmax']:.3g}), "
                        f"the RMS spans {127 / crest:.0f} int8 steps")  # fmt: skip
+        elif heads:
+            rec = r["head_recovers"]
+            verdict = "per-head" if math.isfinite(rec) and rec >= HEAD_RECOVERS else "per-channel"
+            exploit = (f"{verdict} scales for the {what} cache: per-tensor int8 (absmax {r['absmax']:.3g}) leaves "
+                       f"the RMS {127 / crest:.1f} int8 steps")  # fmt: skip
         else:
+            verdict = "per-channel / per-head"
             exploit = (f"per-channel or per-head scales for the {what} cache: per-tensor int8 (absmax "
                        f"{r['absmax']:.3g}) leaves the RMS {127 / crest:.1f} int8 steps")  # fmt: skip
+        if heads:
+            st, gain = r["int8_steps"], r["bits_gained"]
+            dom = ", ".join(map(str, r["dominant_heads"])) or "none"
+            exploit += (f"; per-head scales {st['head']:.1f} steps ({gain['head']:+.1f} bits), per-(head, channel) "
+                        f"{st['channel']:.1f} ({gain['channel']:+.1f} bits): per-head gets {_pct(r['head_recovers'])} "
+                        f"of it; head absmax max/median {r['head_spread']:.2g} over {heads} heads, dominant: {dom}")  # fmt: skip
         out.append(_finding(
             p, "kv_range", f"range [{r['min']:.3g}, {r['max']:.3g}], crest absmax/RMS {crest:.1f} "
             f"({'<=' if crest <= cfg.kv_crest_max else '>'} {fmt_num(cfg.kv_crest_max)}), every step",
             exploit, min(crest / (2.0 * cfg.kv_crest_max), 1.0),
-            f"|x| <= {r['absmax']:.3g} on deployment prompts (the scale clips beyond)", {"phases": ranges},
-            [], [], cfg))  # fmt: skip
+            f"|x| <= {r['absmax']:.3g} on deployment prompts (the scale clips beyond)",
+            {"phases": ranges, "verdict": verdict}, [], [], cfg))  # fmt: skip
     figures: dict[str, dict[str, float]] = {}
     for ph in p.by_phase:
         f = {}
         if ph in ranges:
             f["absmax"] = ranges[ph]["absmax"]
+            if "head_spread" in ranges[ph]:
+                f["head_spread"] = ranges[ph]["head_spread"]
         if ph in spreads:
             f["outlier_ratio"] = spreads[ph]["ratio"]
         figures[ph] = f
     return figures
+
+
+def _pct(x: float) -> str:
+    return f"{x:.0%}" if math.isfinite(x) else "-"
 
 
 # --------------------------------------------------------------------------------------------

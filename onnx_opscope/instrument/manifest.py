@@ -44,7 +44,7 @@ class TapRecord:
     stacked: int  # Loop/Scan levels between the tap and the main graph: outputs gain that many axes
     sketches: list[str]
     outputs: dict[str, str]  # raw name -> graph output name
-    bins: int | None = None  # route taps: the number of experts E, when static
+    bins: int | None = None  # groups along the channel axis: a route tap's experts E, a fused kv tap's heads
     # QDQ models: `tensor` is quantized and read through DequantizeLinear(tensor, scale, zero_point,
     # **attrs) in `domain` (sites.qdq); the sketches describe the dequantized values. None: as is.
     dequant: dict | None = None

@@ -57,7 +57,7 @@ def plan_taps(
     wanted: dict[tuple, set[str]] = {}
     for site in sites:
         for tap in site.taps:
-            key = (site.graph, tap.tensor, tap.channel_axis, tap.seq_axis, tap.dequant, False)
+            key = (site.graph, tap.tensor, tap.channel_axis, tap.seq_axis, tap.bins, tap.dequant, False)
             wanted.setdefault(key, set()).update(sketches_for_kind(site.kind, names))
     taps: dict[tuple, TapRecord] = {}
     records = []
@@ -65,7 +65,9 @@ def plan_taps(
         roles: dict[str, str] = {}
         shape_roles: dict[str, str] = {}
         for tap, only_shape in [(t, False) for t in site.taps] + [(t, True) for t in site.shape_only]:
-            key = (site.graph, tap.tensor, tap.channel_axis, tap.seq_axis, tap.dequant, only_shape)
+            # `bins` is in the key: a kv tap splitting the channel axis in heads is not the gemm `out` tap
+            # of the same tensor, which has no head count
+            key = (site.graph, tap.tensor, tap.channel_axis, tap.seq_axis, tap.bins, tap.dequant, only_shape)
             if key not in taps:
                 ti = tensor_type(table, tap.tensor)
                 elem = ti.elem_type if ti and ti.elem_type else TensorProto.UNDEFINED

@@ -10,8 +10,9 @@ of 2-3 decades in one layer, a prefill-only one a gap between the two lines.
 The section is built from the findings (`Finding.kind == "decoder"`) and, for the stream curve, from the
 series of the same table: max(|min|, |max|) of every stream tensor the rules read (the block outputs a
 residual Add adds on a plain export, the norms' `in` / `skip` on a fused one), max over the layer's
-tensors and the phase's steps. The KV channels are head_dim taken over every head on a plain export
-(the tap is [batch, heads, seq, head_dim]), so there are no per-head ranges to show there.
+tensors and the phase's steps. The KV cache table shows the per-head figures of `kv_range` (absmax per
+head, their spread, the dominant heads, the RMS in int8 steps per tensor / head / (head, channel)), the
+same on plain and fused exports (`sketch.heads`); a table recorded before the head sketches has none ('-').
 """
 
 from __future__ import annotations
@@ -31,7 +32,7 @@ PLOT_TITLE = "Decoder: max|x| per layer, prefill vs decode"
 PHASE_STYLE = {"prefill": ("#1f77b4", "o", "-"), "decode": ("#ff7f0e", "s", "--")}
 NUMERIC = ("layer", "ratio prefill", "ratio decode", "max|x| prefill", "max|x| decode", "sink share (decode)",
            "sink excess (prefill)", "window share", "keys", "min", "max", "absmax", "RMS", "crest",
-           "absmax prefill", "absmax decode", "outlier ratio", "prefill", "decode", "decode/prefill")  # fmt: skip
+           "absmax prefill", "absmax decode", "head spread", "outlier ratio", "prefill", "decode", "decode/prefill")  # fmt: skip
 
 
 @dataclass
@@ -103,10 +104,18 @@ def attention_rows(findings: Sequence[Finding]) -> tuple[list[str], list[list[st
     return head, rows
 
 
+def _heads(values: Sequence[float] | None) -> str:
+    """Per-head figures as 'a / b / c' (3 significant digits each)."""
+    return " / ".join(g(v) for v in values) if values else "-"
+
+
 def kv_rows(findings: Sequence[Finding]) -> tuple[list[str], list[list[str]]]:
-    """One row per cache tensor: its kv_range (over every step, and per phase) and its outlier channels."""
+    """One row per cache tensor: its kv_range (over every step, and per phase), its per-head figures
+    (absmax per head, max / median over heads, the dominant heads, the RMS in int8 steps per tensor /
+    head / (head, channel)) and its outlier channels ('h{head}.{channel}' where per-head figures exist)."""
     head = ["layer", "cache", "site", "min", "max", "absmax", "RMS", "crest", "absmax prefill", "absmax decode",
-            "int8", "outlier ratio", "channels"]  # fmt: skip
+            "int8", "head absmax", "head spread", "dominant heads", "int8 steps tensor / head / channel",
+            "outlier ratio", "channels"]  # fmt: skip
     outliers = {(f.run_id, f.site, f.role): f for f in findings if f.rule == "kv_outlier_channels"}
     rows = []
     for f in _order([f for f in findings if f.rule == "kv_range"]):
@@ -114,10 +123,20 @@ def kv_rows(findings: Sequence[Finding]) -> tuple[list[str], list[list[str]]]:
         r = ph.get("all") or {}
         o = outliers.get((f.run_id, f.site, f.role))
         ratio = max(p["ratio"] for p in o.signals["phases"].values()) if o else None
-        verdict = "per-tensor" if f.exploit.startswith("per-tensor") else "per-channel / per-head"
+        verdict = f.signals.get("verdict") or (
+            "per-tensor" if f.exploit.startswith("per-tensor") else "per-channel / per-head"
+        )
+        steps = r.get("int8_steps") or {}
+        named = (o.signals.get("named") or [str(c) for c in o.signals.get("channels") or []]) if o else []
+        channels = (
+            ", ".join(named[:TOP_CHANNELS]) + (" ..." if len(named) > TOP_CHANNELS else "") if named else "-"
+        )
+        dominant = r.get("dominant_heads")
         rows.append([_layer(f), f.role, f.site, *(g(r.get(k)) for k in ("min", "max", "absmax", "rms", "crest")),
-                     *(g((ph.get(p) or {}).get("absmax")) for p in PHASES), verdict, g(ratio),
-                     _channels(o.signals.get("channels")) if o else "-"])  # fmt: skip
+                     *(g((ph.get(p) or {}).get("absmax")) for p in PHASES), verdict, _heads(r.get("head_absmax")),
+                     g(r.get("head_spread")), ("-" if dominant is None else ", ".join(map(str, dominant)) or "none"),
+                     " / ".join(g(steps.get(k)) for k in ("tensor", "head", "channel")) if steps else "-",
+                     g(ratio), channels])  # fmt: skip
     return head, rows
 
 
@@ -144,7 +163,9 @@ PARTS = (
      "excess over causal uniform attention. Window share: sink keys plus the last attn_window keys."),
     (("kv_range", "kv_outlier_channels"), "KV cache", "decoder-kv", kv_rows,
      "What each step writes into the cache: range over every step, crest = absmax / RMS (per-tensor int8 keeps "
-     "127 / crest steps for the RMS), and the head_dim channels far above the median (per-channel scales)."),
+     "127 / crest steps for the RMS); per KV head: absmax per head, max / median over the heads, the heads at 2x "
+     "the median or more, and the RMS in int8 steps with one scale per tensor / per head / per (head, channel); "
+     "the (head, channel)s far above the median (h{head}.{channel}: per-channel scales)."),
     (("phase_drift",), "Prefill to decode drift", "decoder-drift", drift_rows,
      "Figures that differ between the prefill and the decode steps beyond phase_drift_min: calibrate, and pick "
      "kernels, per phase."),

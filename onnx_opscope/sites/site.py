@@ -23,8 +23,22 @@ KIND_SKETCHES: dict[str, tuple[str, ...]] = {
     "attn": ("attn_qmax", "attn_krecv"),
     "route": ("route_load",),
     "residual": ("sumsq",),
-    # the KV cache (`sites.kv`): ranges and per-channel maxima over head_dim, what KV-cache quantization needs
-    "kv": ("min", "max", "mean", "sumsq", "nan_count", "inf_count", "hist", "elemsig", "chan_maxabs"),
+    # the KV cache (`sites.kv`): ranges, and per head and per (head, head_dim channel) what KV-cache
+    # quantization scales need (`sketch.heads`), the same figures on plain and fused exports
+    "kv": (
+        "min",
+        "max",
+        "mean",
+        "sumsq",
+        "nan_count",
+        "inf_count",
+        "hist",
+        "elemsig",
+        "head_min",
+        "head_max",
+        "head_sumsq",
+        "head_chan_maxabs",
+    ),  # fmt: skip
 }
 """The sketches a site of each non-gemm kind gets by default (sketch names, see onnx_opscope.sketch)."""
 
@@ -46,7 +60,8 @@ class Tap:
     tensor: str
     channel_axis: int = -1
     seq_axis: int = -2
-    bins: int | None = None  # route taps: the number of experts E (None: not static)
+    bins: int | None = None  # groups along the channel axis: a route tap's experts E (None: not static), a
+    # fused kv tap's heads packed head-major (`sketch.heads`)
     dequant: Dequant | None = None  # read `tensor` through a DequantizeLinear (QDQ models)
 
 

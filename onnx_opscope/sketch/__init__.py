@@ -2,7 +2,8 @@
 
 One module per family: `moments` (min, max, mean, sumsq, l1, nnz, nan_count, inf_count,
 kurtosis), `histogram` (hist, elemsig), `channels` (chan_maxabs, chan_outlier), `rows`
-(pos_sumsq, adj_sumsq), `attention` (attn_qmax, attn_krecv), `routing` (route_load). Each
+(pos_sumsq, adj_sumsq), `attention` (attn_qmax, attn_krecv), `routing` (route_load), `heads`
+(head_min, head_max, head_sumsq, head_chan_maxabs: per KV head). Each
 sketch is one `Sketch` value holding its graph builder, host finalize, numpy reference,
 merge rule, tolerance and cost. The pieces several sketches share (the cast, the finite
 check and masks, min and max, the scale, the sample) come from the tap context
@@ -31,6 +32,7 @@ from .attention import ATTN_KRECV, ATTN_QMAX
 from .base import FINITE, OUTER, OnFinite, Raw, Sketch, Tolerance, finite_values
 from .batched import segmented
 from .channels import CHAN_MAXABS, CHAN_OUTLIER
+from .heads import HEAD_CHAN_MAXABS, HEAD_MAX, HEAD_MIN, HEAD_SUMSQ
 from .histogram import ELEMSIG, HIST, sample_positions
 from .merge import Derived, Merge
 from .moments import INF_COUNT, KURTOSIS, L1, MAX, MEAN, MIN, NAN_COUNT, NNZ, SUMSQ
@@ -62,6 +64,10 @@ REGISTRY: dict[str, Sketch] = {
         ATTN_QMAX,
         ATTN_KRECV,
         ROUTE_LOAD,
+        HEAD_MIN,
+        HEAD_MAX,
+        HEAD_SUMSQ,
+        HEAD_CHAN_MAXABS,
     )
 }
 

@@ -94,7 +94,7 @@ class TapInfo:
     elem_type: int = TensorProto.FLOAT
     channel_axis: int = -1
     seq_axis: int = -2
-    bins: int | None = None  # route_load: the number of experts (None: max id + 1, in the graph)
+    bins: int | None = None  # route_load: the experts (None: max id + 1, in the graph); head_*: kv heads
 
     @property
     def as_rows(self) -> bool:
