@@ -190,3 +190,30 @@ def test_runtime_arguments():
     assert runtime_config_from_args(parser.parse_args([])) == RuntimeConfig()
     for flag in ("--provider", "--fallback", "--opt-level", "--threads"):
         assert flag in parser.format_help()
+
+
+@pytest.mark.parametrize("command", ["analyze", "weights"])
+def test_a_data_suffix_on_output_picks_the_format(command, tmp_path):
+    """-o FILE.parquet / .csv / .json without --format writes that format (it used to write the terminal
+    table's text into the .parquet file); another suffix gets the table; --format still wins."""
+    import json
+
+    import pyarrow.csv as pacsv
+    import pyarrow.parquet as pq
+    from conftest import generated_model_path
+
+    model = str(generated_model_path("mlp"))
+    for suffix in ("parquet", "csv", "json", "txt"):
+        out = tmp_path / f"{command}.{suffix}"
+        assert main([command, model, "-o", str(out), "-q"]) == 0
+        if suffix == "parquet":
+            assert pq.read_table(out).num_rows > 0
+        elif suffix == "csv":
+            assert pacsv.read_csv(out).num_rows > 0
+        elif suffix == "json":
+            assert json.loads(out.read_text())
+        else:
+            assert not out.read_text().lstrip().startswith(("{", "["))
+    forced = tmp_path / "forced.parquet"
+    assert main([command, model, "-o", str(forced), "--format", "csv", "-q"]) == 0
+    assert pacsv.read_csv(forced).num_rows > 0

@@ -25,15 +25,16 @@ from ..errors import OpscopeError
 from ..files import atomic_path, check_writable
 from ..run.session import resolve_providers
 from .options import (
+    add_format_argument,
     add_output_argument,
     add_quiet_argument,
     add_runtime_arguments,
     add_shape_arguments,
+    output_format,
     runtime_config_from_args,
     shapes_from_args,
 )
 
-FORMATS = ("table", "json", "csv", "parquet")
 EPILOG = """examples:
   opscope analyze model.onnx                                  # symbols stay symbols
   opscope analyze model.onnx --dim batch=4 --dim seq=128      # give input symbols values
@@ -65,7 +66,7 @@ def add_parser(subparsers) -> argparse.ArgumentParser:
     p.add_argument(
         "--top", type=int, default=15, metavar="N", help="rows in the top-ops, GEMM and motif tables"
     )
-    p.add_argument("--format", choices=FORMATS, default="table", help="output format (default table)")
+    add_format_argument(p, "the report")
     add_output_argument(p, "write to FILE instead of stdout")
     add_quiet_argument(p)
     add_profile_arguments(p)
@@ -152,6 +153,7 @@ def add_decoder_arguments(p: argparse.ArgumentParser) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
+    args.format = output_format(args)
     if args.format == "parquet" and not args.output:
         raise OpscopeError("--format parquet needs -o FILE")
     if args.decoder:

@@ -445,6 +445,31 @@ def add_output_argument(
     )
 
 
+DATA_FORMATS = ("table", "json", "csv", "parquet")
+"""What a command that prints a table can also write: the table's text, or its rows as data."""
+
+
+def add_format_argument(parser: argparse.ArgumentParser, what: str) -> None:
+    """--format for a command whose result is a table (`output_format` resolves it)."""
+    parser.add_argument(
+        "--format",
+        choices=DATA_FORMATS,
+        default=None,
+        help=f"{what}: table for the terminal; json, csv, parquet: the data "
+        "(default: -o FILE's suffix, .json, .csv or .parquet; else table)",
+    )
+
+
+def output_format(args: argparse.Namespace) -> str:
+    """--format, else what -o FILE's suffix names (.parquet / .pq, .csv, .json), else the table: a file
+    named .parquet never gets the terminal table's text."""
+    if args.format:
+        return args.format
+    suffix = args.output.suffix.lower().lstrip(".") if args.output is not None else ""
+    suffix = "parquet" if suffix == "pq" else suffix
+    return suffix if suffix in DATA_FORMATS[1:] else "table"
+
+
 def add_quiet_argument(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
         "-q",

@@ -18,15 +18,16 @@ from ..weights import probe_weights, probes_table
 from ..weights.plan import DEFAULT_BUDGETS, DEFAULT_SVD_CAP
 from .options import (
     add_feed_arguments,
+    add_format_argument,
     add_output_argument,
     add_quiet_argument,
     add_runtime_arguments,
     csv_items,
     feed_spec_from_args,
+    output_format,
     runtime_config_from_args,
 )
 
-FORMATS = ("table", "json", "csv", "parquet")
 EPILOG = """what the columns mean:
   stable_rank   ||W||_F^2 / sigma_max^2: much below min(rows, cols) means low rank
   int<b>_<g>    relative L2 error of symmetric int<b> (scale amax / (2^(b-1)-1)) per tensor,
@@ -65,7 +66,7 @@ def add_parser(subparsers) -> argparse.ArgumentParser:
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )
     p.add_argument("model", type=Path, help="the .onnx model")
-    p.add_argument("--format", choices=FORMATS, default="table", help="probe table format (default table)")
+    add_format_argument(p, "the probe table")
     add_output_argument(p, "write the probe table to FILE (csv, json, parquet)")
     p.add_argument("--top", type=int, default=25, metavar="N", help="rows shown in the terminal table")
     p.add_argument("--budget", type=float, default=0.02, help="error budget of best_bits (default 0.02)")
@@ -105,6 +106,7 @@ def _floats(text: str, flag: str) -> list[float]:
 
 
 def run(args: argparse.Namespace) -> int:
+    args.format = output_format(args)
     if args.format == "parquet" and not args.output:
         raise OpscopeError("--format parquet needs -o FILE")
     bits = [int(b) for b in _floats(args.bits, "--bits")]

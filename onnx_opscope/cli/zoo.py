@@ -20,15 +20,16 @@ from ..files import atomic_path, check_writable
 from .options import (
     add_engine_arguments,
     add_feed_arguments,
+    add_format_argument,
     add_output_argument,
     add_quiet_argument,
     add_runtime_arguments,
     engine_from_args,
     feed_spec_from_args,
+    output_format,
     runtime_config_from_args,
 )
 
-FORMATS = ("table", "parquet", "csv", "json")
 EPILOG = f"""\
 exit codes: 0 every model ok, 1 some models failed (each failed row says why; the table is still
 printed or written), 2 bad input (no model in the folder, a list file that does not exist, a bad
@@ -68,12 +69,7 @@ def add_parser(subparsers) -> argparse.ArgumentParser:
     add_output_argument(
         p, "write the table to FILE (.parquet, .csv or .json by its suffix) instead of printing it"
     )
-    p.add_argument(
-        "--format",
-        choices=FORMATS,
-        default=None,
-        help="table: for the terminal; parquet, csv, json: the data (default: FILE's suffix with -o, else table)",
-    )
+    add_format_argument(p, "the table")
     p.add_argument(
         "--record",
         action="store_true",
@@ -94,16 +90,6 @@ def add_parser(subparsers) -> argparse.ArgumentParser:
     return p
 
 
-# The engine group; the lead moves it into options.py, shared with record and calibrate.
-def _format(args: argparse.Namespace) -> str:
-    if args.format:
-        return args.format
-    if args.output is not None:
-        suffix = args.output.suffix.lower().lstrip(".")
-        return suffix if suffix in FORMATS else "table"
-    return "table"
-
-
 def _record_dir(args: argparse.Namespace) -> Path:
     if args.record_dir is not None:
         return args.record_dir
@@ -113,7 +99,7 @@ def _record_dir(args: argparse.Namespace) -> Path:
 
 
 def run(args: argparse.Namespace) -> int:
-    fmt = _format(args)
+    fmt = output_format(args)
     if fmt == "parquet" and args.output is None:
         raise OpscopeError("--format parquet needs -o FILE")
     if args.record_dir is not None and not args.record:
