@@ -102,12 +102,22 @@ class MineConfig:
     )
     kv_outlier_min: float = _t(
         4.0,
-        "max/median of the chan_maxabs of what a step writes to the KV cache above: outlier channels (one scale "
+        "max/median of the head_chan_maxabs of what a step writes to the KV cache above: outlier channels (one scale "
         "costs the median channel log2(4) = 2 bits)",
     )
     kv_crest_max: float = _t(
         16.0,
         "absmax/RMS of a KV cache up to this: per-tensor int8 keeps the RMS >= 8 steps; above: finer scales",
+    )
+    kv_head_dominant: float = _t(
+        2.0,
+        "a KV head whose absmax is this many times the median head's dominates: it alone would set a "
+        "per-tensor scale (1 bit lost to every other head)",
+    )
+    kv_head_recovers: float = _t(
+        0.5,
+        "per-head KV scales are the verdict when they get at least this share of per-channel scales' gain in "
+        "bits (one scale per head is cheaper to store and apply than one per channel)",
     )
     phase_drift_min: float = _t(
         0.5, "decode/prefill of a decoder figure beyond 1 + this (either way): the phases drift apart"

@@ -27,7 +27,7 @@ series of one run split by phase (thresholds in `MineConfig`):
   the bulk (crest <= kv_crest_max) or finer scales are needed. Per head (head_min / head_max /
   head_sumsq): absmax and RMS per head, their spread (max / median), the dominant heads, and the RMS
   in int8 steps with one scale per tensor, per head and per (head, channel) (`_heads`): per-head
-  scales are the verdict when they get at least HEAD_RECOVERS of per-channel's gain in bits. The
+  scales are the verdict when they get at least kv_head_recovers of per-channel's gain in bits. The
   tap is what each step writes into the cache (`sites.kv`), so a phase's figures are those of the
   entries it wrote and the cache's range is that over every step (the verdict's).
 - `phase_drift`: decode / prefill of each of those figures (max|x| and the massive ratio of a
@@ -73,10 +73,6 @@ NORM_OPS = ("SkipLayerNormalization", "SkipSimplifiedLayerNormalization", "Simpl
 PHASES = ("prefill", "decode")
 READ_ROLES = (*KV_ROLES, *STREAM_ROLES, *NORM_ROLES, "attn")  # the roles the rules read
 TOP_CHANNELS = 8  # channels named in a finding's exploit (all of them are in its signals)
-HEAD_DOMINANT = 2.0  # a KV head dominates when its absmax is at least this many times the median head's
-HEAD_RECOVERS = (
-    0.5  # kv_range says per-head scales when they get at least this share of per-channel's gain (bits)
-)
 _LAYER = re.compile(r"(?:^|[/._])(?:layers?|h|blocks?|decoder_layers?)[._](\d+)(?=[/._]|$)")
 _KV_LAYER = re.compile(r"^present[._](?:(?:key|value|k|v)[._])?(\d+)(?=[/._]|$)")
 
@@ -352,7 +348,9 @@ def _kv_chan_stat(p: _Phased) -> str:
     return "head_chan_maxabs" if any(p.stats(s, "head_chan_maxabs").size for s in p.where) else "chan_maxabs"
 
 
-def _heads(p: _Phased, steps: list[int], rms: float, absmax: float, chan: np.ndarray) -> dict:
+def _heads(
+    p: _Phased, steps: list[int], rms: float, absmax: float, chan: np.ndarray, dominant_at: float
+) -> dict:
     """Per-head figures of the entries `steps` wrote (head_min / head_max / head_sumsq), {} when not recorded.
 
     int8 resolution: the RMS in int8 steps, 127·RMS / sqrt(mean of scale²) with each element's scale
@@ -374,7 +372,7 @@ def _heads(p: _Phased, steps: list[int], rms: float, absmax: float, chan: np.nda
     ok = np.isfinite(amax)
     med = float(np.median(amax[ok])) if ok.any() else math.nan
     order = np.argsort(-np.where(ok, amax, -np.inf), kind="stable")
-    dominant = [int(i) for i in order if ok[i] and med > 0 and amax[i] >= HEAD_DOMINANT * med]
+    dominant = [int(i) for i in order if ok[i] and med > 0 and amax[i] >= dominant_at * med]
     steps8 = {"tensor": 127.0 * rms / absmax if absmax > 0 else math.nan,
               "head": 127.0 * rms / math.sqrt(float(np.mean(amax[ok] ** 2))) if ok.any() else math.nan,
               "channel": math.nan}  # fmt: skip
@@ -412,7 +410,7 @@ def _kv(p: _Phased, cfg: MineConfig, out: list[Finding]) -> dict[str, dict[str, 
             rms = math.sqrt(sum(x for x, _ in ss) / n) if n else math.nan
             ranges[ph] = {"min": min(lo), "max": max(hi), "absmax": absmax, "rms": rms,
                           "crest": absmax / rms if rms > 0 else math.nan,
-                          **(_heads(p, steps, rms, absmax, chan) if chan_stat == "head_chan_maxabs" else {})}  # fmt: skip
+                          **(_heads(p, steps, rms, absmax, chan, cfg.kv_head_dominant) if chan_stat == "head_chan_maxabs" else {})}  # fmt: skip
         got = _spread(chan, cfg.kv_outlier_min) if ph != "all" else None
         if got is not None:
             spreads[ph] = got
@@ -446,7 +444,7 @@ def _kv(p: _Phased, cfg: MineConfig, out: list[Finding]) -> dict[str, dict[str, 
                        f"the RMS spans {127 / crest:.0f} int8 steps")  # fmt: skip
         elif heads:
             rec = r["head_recovers"]
-            verdict = "per-head" if math.isfinite(rec) and rec >= HEAD_RECOVERS else "per-channel"
+            verdict = "per-head" if math.isfinite(rec) and rec >= cfg.kv_head_recovers else "per-channel"
             exploit = (f"{verdict} scales for the {what} cache: per-tensor int8 (absmax {r['absmax']:.3g}) leaves "
                        f"the RMS {127 / crest:.1f} int8 steps")  # fmt: skip
         else:
