@@ -18,12 +18,18 @@ Rows, each in a fresh process, 3 rounds interleaved (median [min-max]):
   the most any engine of that many workers can gain on this machine (shared caches, memory
   bandwidth, the other jobs on it), printed beside Ray's speed-up.
 
-The tables of both engines are compared row for row (they must be equal).
+The tables of both engines are compared row for row (they must be equal). Beside the speed-up goes
+the CPU a batch costs (steady batches, the last ten left out): in one process (its session's run, and
+decoding and encoding the part, which overlap on the second core), and on Ray in the workers'
+processes and in the driver's (feeds, Ray's client threads, writing the parts); the bare rows give
+the run alone and the decoding and encoding alone. On 2 cores, Ray's per-batch time is at best
+(workers + driver) / 2, and one process's at best its run.
 """
 
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import os
 import statistics
@@ -42,6 +48,20 @@ def _peak_mb() -> float:
             if line.startswith("VmHWM:"):
                 return int(line.split()[1]) / 1024
     return float("nan")
+
+
+def _worker_cpu() -> dict[str, float]:
+    """CPU seconds so far of each of this machine's Ray actor processes (none where /proc is not there)."""
+    cpu = {}
+    for pid in os.listdir("/proc") if os.path.isdir("/proc") else []:
+        with contextlib.suppress(OSError, ValueError, IndexError):
+            with open(f"/proc/{pid}/cmdline", "rb") as f:
+                if not f.read().startswith(b"ray::_Worker"):
+                    continue
+            with open(f"/proc/{pid}/stat") as f:
+                fields = f.read().rsplit(")", 1)[1].split()
+            cpu[pid] = (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+    return cpu
 
 
 def _model(job: dict) -> Path:
@@ -63,21 +83,32 @@ def _model(job: dict) -> Path:
 def bare(job: dict) -> None:
     """The instrumented model in a plain onnxruntime session, batch after batch; prints a JSON line."""
     from onnx_opscope import inject
+    from onnx_opscope.instrument import host_values
     from onnx_opscope.run import FeedSpec, RuntimeConfig, iter_feeds, make_session
+    from onnx_opscope.run.recorder import BatchDecoder
     from onnx_opscope.run.session import for_tapped
 
     feeds = FeedSpec(batches=job["batches"], dims=job.get("dims") or {})
-    model, _ = inject(_model(job))
+    model, manifest = inject(_model(job))
+    decoder = BatchDecoder(
+        manifest, host_values(manifest, model, None), ("bench", "cpu", "gaussian"), "parquet"
+    )
     batches = list(iter_feeds(model, feeds))
     # the session `record` makes (priority-based node order), without the decoding and the table
     session = make_session(model, for_tapped(RuntimeConfig(threads=1)), take_weights=True)
-    session.run(None, batches[0])  # warm up
-    times = []
-    for feed in batches:
-        t = time.perf_counter()
+    names = [o.name for o in session.get_outputs()]
+    outputs = dict(zip(names, session.run(None, batches[0])))  # warm up
+    times, cpu, post = [], [], []
+    for step, feed in enumerate(batches, 1):
+        t, c = time.perf_counter(), time.thread_time()
         session.run(None, feed)
         times.append(time.perf_counter() - t)
-    print(json.dumps({"steady": statistics.median(times), "seconds": sum(times)}))
+        cpu.append(time.thread_time() - c)
+        c = time.thread_time()
+        decoder(step, outputs)  # what a Ray worker does after each run, on the warm-up's outputs
+        post.append(time.thread_time() - c)
+    print(json.dumps({"steady": statistics.median(times), "seconds": sum(times),
+                      "run_cpu": statistics.median(cpu), "post_cpu": statistics.median(post)}))  # fmt: skip
 
 
 def one(job: dict) -> None:
@@ -107,14 +138,29 @@ def one(job: dict) -> None:
         setup = time.perf_counter() - t
     before = _peak_mb()
     done: list[float] = []
+    skip = min(10, job["batches"] - 2)
+    # CPU from batch `skip` to as many before the end: after the last batch the actors may be gone already
+    marks = (skip, job["batches"] - skip)
+    cpu: list[tuple[float, dict[str, float]]] = []  # (this process, each actor) at the marks
+
+    def progress(k: int, total: int | None) -> None:
+        done.append(time.perf_counter())
+        if k in marks:  # not every batch: reading /proc costs the driver ~1 ms
+            cpu.append((time.process_time(), _worker_cpu() if engine.kind == "ray" else {}))
+
     t = time.perf_counter()
     res = onnx_opscope.record(model, out=folder / f"{job['tag']}.parquet", feeds=feeds, runtime=runtime,
-                              engine=engine, parity=False, run_id="bench",
-                              progress=lambda k, total: done.append(time.perf_counter()))  # fmt: skip
+                              engine=engine, parity=False, run_id="bench", progress=progress)  # fmt: skip
     seconds = time.perf_counter() - t
-    skip = min(10, len(done) - 2)
-    steady = (done[-1] - done[skip - 1]) / (len(done) - skip) if skip > 0 else float("nan")
+    n = len(done) - skip
+    steady = (done[-1] - done[skip - 1]) / n if skip > 0 else float("nan")
+    own = workers = float("nan")
+    if len(cpu) == 2 and marks[1] > marks[0]:
+        own = (cpu[1][0] - cpu[0][0]) / (marks[1] - marks[0])
+        # per process: the warm-up's actors may still be exiting at the first mark
+        workers = sum(c - cpu[0][1].get(pid, 0.0) for pid, c in cpu[1][1].items()) / (marks[1] - marks[0])
     print(json.dumps({"seconds": seconds, "setup": setup, "steady": steady, "rows": res.rows,
+                      "own_cpu": own, "workers_cpu": workers,
                       "peak_mb": _peak_mb(), "before_mb": before, "table": str(res.table)}))  # fmt: skip
 
 
@@ -131,7 +177,9 @@ def _run(job: dict) -> dict:
         got.append(json.loads(out.strip().splitlines()[-1]))
     if len(got) == 1:
         return got[0]
-    return {"steady": statistics.median(g["steady"] for g in got), "seconds": max(g["seconds"] for g in got)}
+    return {"steady": statistics.median(g["steady"] for g in got), "seconds": max(g["seconds"] for g in got),
+            "run_cpu": statistics.median(g["run_cpu"] for g in got),
+            "post_cpu": statistics.median(g["post_cpu"] for g in got)}  # fmt: skip
 
 
 def _median(xs: list[float]) -> str:
@@ -217,6 +265,14 @@ def main(argv: list[str] | None = None) -> int:
     print(f"Ray's fixed cost per recording (actors, sessions, results), beyond ray.init: {_median(fixed)} s; "
           f"Ray pays {pays} (per batch it is {'faster' if gain > 0 else 'slower'})")  # fmt: skip
     print(f"the same rows in the same order: {same}")
+
+    def ms(label: str, key: str) -> str:
+        return _median([x[key] * 1e3 for x in results[label]])
+
+    print(f"CPU ms a batch (steady batches): one process {ms('one process', 'own_cpu')} (run + decoding and "
+          f"encoding, overlapped); Ray workers {ms('ray', 'workers_cpu')} + driver {ms('ray', 'own_cpu')}; a bare "
+          f"session's run {ms('bare session, alone', 'run_cpu')} alone, {ms(f'bare session, {args.workers} at once', 'run_cpu')} "
+          f"{args.workers} at once; decoding and encoding a batch {ms('bare session, alone', 'post_cpu')}")  # fmt: skip
     small, large = (statistics.median(x["peak_mb"] for x in results[k])
                     for k in (f"ray, mlp, {many // 10} batches", f"ray, mlp, {many} batches"))  # fmt: skip
     print(

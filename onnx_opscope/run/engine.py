@@ -5,9 +5,14 @@ holding one onnxruntime session of the (instrumented) model, built once from the
 driver put in Ray's object store; a batch is one actor call that returns what the caller's `post`
 makes of the outputs (for `record`, the few bytes per tensor the taps compute; for calibration,
 per-batch min/max or [bins] counts), never a tensor. The driver keeps at most `in_flight` calls
-outstanding and yields the results in step order, so it holds a bounded number of batches'
-results whatever the number of batches, and a table written from them has the rows a
-single-process run writes, in the same order.
+outstanding per worker and yields the results in step order, so it holds a bounded number of
+batches' results whatever the number of batches, and a table written from them has the rows a
+single-process run writes, in the same order. Each batch goes to the worker that should be through
+its queue first by its pace so far, not to worker i mod n: on a shared machine, or a cluster of
+unequal nodes, a slowed worker takes fewer batches instead of setting everyone's pace.
+
+An interrupted driver (Ctrl-C, SIGTERM through the CLI) stops taking results; the generator's
+`finally` kills the actors, and the caller keeps what it wrote (`record`: whole batches 0..k-1).
 
 Faults: an actor whose process dies is restarted by Ray (`max_restarts`) and the calls it had not
 answered are run again (`max_task_retries`); the driver takes each step's result once, so a
@@ -170,13 +175,39 @@ def _ray_batches(engine, model_bytes, session_factory, batches, want, post) -> I
     # Ray resolves the reference for each actor, again after a restart: the driver keeps it alive until
     # the end (Ray's log warns that restartable actors with object-store arguments depend on that)
     actors = [actor_cls.remote(model_ref, session_factory, want, post) for _ in range(n)]
-    pending: deque = deque()  # (step, ref) in step order
+    pending: deque = deque()  # (step, ref) in step order, not yet yielded
+    running: dict[Any, int] = {}  # ref -> its actor, for calls not yet seen done
+    load = [0] * n  # calls outstanding per actor
+    done = [0] * n  # calls answered per actor: how fast each has been
+    window = n * engine.in_flight
+
+    def settle(block: bool) -> None:
+        """Note the calls that are done (waiting for one when `block`), freeing their actors' slots."""
+        refs = list(running)
+        ready, _ = ray.wait(refs, num_returns=1 if block else len(refs), timeout=None if block else 0)
+        for ref in ready:
+            i = running.pop(ref)
+            load[i] -= 1
+            done[i] += 1
+
     try:
         for step, batch in enumerate(batches):
-            pending.append((step, actors[step % n].run.remote(step, dict(batch))))
-            if len(pending) >= n * engine.in_flight:
-                s, ref = pending.popleft()
-                yield s, _get(ray, ref, s)
+            while True:
+                if running:
+                    settle(block=False)
+                while pending and pending[0][1] not in running:  # the next step is done: yield it
+                    s, ref = pending.popleft()
+                    yield s, _get(ray, ref, s)
+                if len(pending) < window and min(load) < engine.in_flight:
+                    break
+                settle(block=True)
+            # the actor that should be through its queue first, by its pace so far: a slow one gets fewer
+            free = [j for j in range(n) if load[j] < engine.in_flight]
+            i = min(free, key=lambda j: (load[j] + 1) / (done[j] + 1))
+            ref = actors[i].run.remote(step, dict(batch))
+            pending.append((step, ref))
+            running[ref] = i
+            load[i] += 1
         while pending:
             s, ref = pending.popleft()
             yield s, _get(ray, ref, s)
