@@ -122,7 +122,7 @@ class Report:
         syms = {k: v for k, v in self.symbols.items() if k not in values}
         out = replace(self, records=recs, symbols=syms, notes=list(self.notes))
         out.weights_unique_bytes = evaluate(self.weights_unique_bytes, values)
-        return _finish(out)
+        return roll_up(out)
 
     def to_records(self) -> list[dict]:
         """One flat dict per node: numbers as floats (None when unknown or symbolic), plus *_expr text."""
@@ -212,14 +212,45 @@ def analyze(
     also the time of the attention and MLP blocks, measured with the skip rewrite).
     """
     proto = load_model(model)
+    report = costs_of(
+        proto, ModelIndex(proto), model_identity(model, proto), shapes, dims, device=device, ridge=ridge,
+        symbolic=symbolic,
+    )  # fmt: skip
+    if profile:
+        report.node_profile = profile_nodes(
+            model, shapes, dims, config=runtime, runs=profile_runs, seed=seed, regions=regions
+        )
+        report.profile = report.node_profile.seconds_by_op()
+    return roll_up(report)
+
+
+def model_identity(model: ModelLike, proto: ModelProto) -> tuple[str, str]:
+    """(name, sha256) a report carries: the path and the file's hash, or the graph's name and the proto's."""
+    if isinstance(model, ModelProto):
+        return proto.graph.name or "<model>", model_sha256(proto)
+    return str(model), file_sha256(model)
+
+
+def costs_of(
+    proto: ModelProto,
+    index: ModelIndex,
+    identity: tuple[str, str],
+    shapes: Mapping[str, Sequence[int | str]] | None = None,
+    dims: Mapping[str, int] | None = None,
+    *,
+    device: str = "cpu",
+    ridge: float | None = None,
+    symbolic: bool | str = "auto",
+) -> Report:
+    """`analyze`'s report of a loaded model before its roll-ups (`roll_up`), over an index the caller keeps:
+    `find_motifs` reads the same graph again, and reuses the index and the node names read here."""
     dev = get_device(device, ridge)
-    index = ModelIndex(proto)
     table = infer_shapes(proto, shapes, dims, symbolic=symbolic, index=index)
     walker = _Walker(table, proto, index)
     walker.walk("", 1, True, "")
     wbytes, params = _unique_weights(table)
-    report = Report(
-        model=str(model) if not isinstance(model, ModelProto) else (proto.graph.name or "<model>"),
+    return Report(
+        model=identity[0],
         device=dev,
         records=walker.records,
         symbols=dict(table.symbols),
@@ -227,14 +258,8 @@ def analyze(
         notes=walker.notes,
         weights_unique_bytes=wbytes,
         params=params,
-        model_sha256=model_sha256(proto) if isinstance(model, ModelProto) else file_sha256(model),
+        model_sha256=identity[1],
     )
-    if profile:
-        report.node_profile = profile_nodes(
-            model, shapes, dims, config=runtime, runs=profile_runs, seed=seed, regions=regions
-        )
-        report.profile = report.node_profile.seconds_by_op()
-    return _finish(report)
 
 
 def profile_nodes(
@@ -590,7 +615,7 @@ def _unique_weights(table: ShapeTable) -> tuple[Dim, Dim]:
 # -- roll-ups -----------------------------------------------------------------------------------
 
 
-def _finish(report: Report) -> Report:
+def roll_up(report: Report) -> Report:
     """Derive per-record intensity/roofline/time and all roll-ups from the raw records.
 
     Each record's byte total is summed once here (once per distinct cost objects) and handed to

@@ -56,15 +56,15 @@ from pathlib import Path
 from typing import IO
 
 import numpy as np
-from onnx import ModelProto, TensorProto
+from onnx import TensorProto
 
 from ..errors import OpscopeError
 from ..files import write_document
 from ..graph.index import GraphEntry, ModelIndex
-from ..graph.io import ModelLike, file_sha256, load_model, model_sha256
+from ..graph.io import ModelLike, load_model
 from ..graph.proto import DEFAULT_DOMAINS, constant_value, op_set
 from ..shapes.symbolic import Poly, to_text
-from .costs import OpCost, Report, analyze
+from .costs import OpCost, Report, costs_of, model_identity, roll_up
 from .opcosts import CONTROL_FLOW
 
 DEFAULT_MIN_LEN, DEFAULT_MAX_LEN, DEFAULT_MIN_COUNT, DEFAULT_MAX_DEPTH = 2, 6, 2, 6
@@ -224,13 +224,12 @@ def _gc_paused() -> Iterator[None]:
 
 def _find_motifs(model, shapes, dims, min_len, max_len, min_count, max_depth, symbolic, report) -> Motifs:
     proto = load_model(model)
-    if report is None:
-        report = analyze(proto, shapes, dims, symbolic=symbolic)
-        name = str(model) if not isinstance(model, ModelProto) else (proto.graph.name or "<model>")
-        sha = model_sha256(proto) if isinstance(model, ModelProto) else file_sha256(model)
-    else:
-        name, sha = report.model, report.model_sha256
     index = ModelIndex(proto)
+    if report is None:  # analyze's, over this index: the graph's names are read once for both
+        report = roll_up(
+            costs_of(proto, index, model_identity(model, proto), shapes, dims, symbolic=symbolic)
+        )
+    name, sha = report.model, report.model_sha256
     records = _records_by_graph(report, index)
     flat = _flatten(index, {path: [r.node for r in recs] for path, recs in records.items()})
     flops, nbytes = _cost_columns([r for recs in records.values() for r in recs])
@@ -355,8 +354,9 @@ class _Collector:
     def graph(self, entry: GraphEntry, ids: list[str]) -> None:
         base = self.base[entry.path] = len(self.ids)
         self.ids.extend(ids)
-        rows = [(n.op_type, n.domain, n.input[:], n.output[:]) for n in entry.graph.node]
-        ops, domains, ins, outs = (list(c) for c in zip(*rows, strict=True)) if rows else ([], [], [], [])
+        nodes = entry.graph.node
+        ops, domains = [n.op_type for n in nodes], [n.domain for n in nodes]
+        ins, outs = (list(c) for c in zip(*entry.io, strict=True)) if ops else ([], [])  # names read once
         where = self._names(entry, base, outs)
         flat = list(chain.from_iterable(ins))
         arity = list(map(len, ins))
