@@ -5,6 +5,7 @@ Prints the prefill time, the median decode step, the decode ratio recorded / pla
 
     python scripts/make_decoder.py && python scripts/bench_generate.py --steps 256
     python scripts/bench_generate.py --model models/real/smollm2_135m_l2/model.onnx --steps 64
+    python scripts/bench_generate.py --steps 64 --repeat 5     # interleaved rounds: median [min-max] of each figure
 """
 
 from __future__ import annotations
@@ -77,18 +78,33 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument(
         "--threads", type=int, default=1, help="intra-op threads (default 1: steadier on a shared machine)"
     )
+    p.add_argument("--repeat", type=int, default=1, metavar="N",
+                   help="N rounds of plain then recorded: each figure as median [min-max], the ratios taken per round "
+                   "(default 1; 5 or more on a shared machine)")  # fmt: skip
     p.add_argument("--one", choices=["plain", "recorded"], help=argparse.SUPPRESS)
     args = p.parse_args(argv)
     if args.one:
         print(json.dumps(one(args.model, args.one, args.prompt, args.steps, args.every, args.threads)))
         return 0
-    results = {}
-    for mode in ("plain", "recorded"):
-        cmd = [sys.executable, __file__, "--one", mode, "--model", args.model, "--prompt", str(args.prompt),
-               "--steps", str(args.steps), "--every", str(args.every), "--threads", str(args.threads)]  # fmt: skip
-        results[mode] = json.loads(subprocess.run(cmd, check=True, capture_output=True, text=True).stdout)
+    rounds, loads = [], [os.getloadavg()[0]]
+    for _ in range(max(1, args.repeat)):
+        results = {}
+        for mode in ("plain", "recorded"):
+            cmd = [sys.executable, __file__, "--one", mode, "--model", args.model, "--prompt", str(args.prompt),
+                   "--steps", str(args.steps), "--every", str(args.every), "--threads", str(args.threads)]  # fmt: skip
+            results[mode] = json.loads(subprocess.run(cmd, check=True, capture_output=True, text=True).stdout)
+        rounds.append(results)
+        loads.append(os.getloadavg()[0])
     print(f"{Path(args.model).parent.name}: prompt {args.prompt} tokens, {args.steps} generated, "
           f"recording every {args.every}, {args.threads} thread(s)")  # fmt: skip
+    if len(rounds) == 1:
+        report(rounds[0])
+    else:
+        report_rounds(rounds, loads)
+    return 0
+
+
+def report(results: dict) -> None:
     for mode, r in results.items():
         print(f"  {mode:<9} prefill {r['prefill_ms']:6.1f} ms  decode run {r['decode_ms']:6.1f} ms  token {r['token_ms']:6.1f} ms  "
               f"CPU {r['decode_cpu_ms']:6.1f} ms/token  RSS {r['rss_first_mb']:.0f} -> {r['rss_last_mb']:.0f} MB "
@@ -99,7 +115,26 @@ def main(argv: list[str] | None = None) -> int:
           f"run {rec['decode_ms'] / plain['decode_ms']:.2f}x, token (wall) {rec['token_ms'] / plain['token_ms']:.2f}x; RSS during the loop "
           f"+{rec['rss_max_mb'] - plain['rss_max_mb']:.0f} MB, growth over it {rec['rss_last_mb'] - rec['rss_first_mb']:+.0f} MB "
           f"(plain {plain['rss_last_mb'] - plain['rss_first_mb']:+.0f})")  # fmt: skip
-    return 0
+
+
+def report_rounds(rounds: list[dict], loads: list[float]) -> None:
+    """Each figure over the rounds as median [min-max]; a ratio is recorded / plain within one round."""
+
+    def spread(values: list[float], unit: str = "") -> str:
+        v = sorted(values)
+        return f"{v[len(v) // 2] if len(v) % 2 else (v[len(v) // 2 - 1] + v[len(v) // 2]) / 2:.2f}{unit} [{v[0]:.2f}-{v[-1]:.2f}]"
+
+    for mode in ("plain", "recorded"):
+        rs = [r[mode] for r in rounds]
+        print(f"  {mode:<9} token {spread([r['token_ms'] for r in rs], ' ms')}  CPU {spread([r['decode_cpu_ms'] for r in rs], ' ms')}"
+              f"/token  decode run {spread([r['decode_ms'] for r in rs], ' ms')}  {rs[-1]['rows']} rows")  # fmt: skip
+    ratio = {
+        k: [r["recorded"][k] / r["plain"][k] for r in rounds]
+        for k in ("token_ms", "decode_cpu_ms", "decode_ms")
+    }
+    print(f"  recorded / plain per decode token over {len(rounds)} interleaved rounds: token (wall) "
+          f"{spread(ratio['token_ms'], 'x')}, CPU {spread(ratio['decode_cpu_ms'], 'x')}, run {spread(ratio['decode_ms'], 'x')}; "
+          f"1-min load {' '.join(f'{x:.1f}' for x in loads)}")  # fmt: skip
 
 
 if __name__ == "__main__":

@@ -6,15 +6,17 @@ that changes a finalize; and the Parquet part `encode_part` writes reads back as
 
 from __future__ import annotations
 
+import importlib
+
 import numpy as np
 import onnx
 import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
-from conftest import real_model_path
+from conftest import decoder_path, real_model_path
 
+from onnx_opscope import generate, zoo
 from onnx_opscope import sketch as sk
-from onnx_opscope import zoo
 from onnx_opscope.instrument import Rows, decode, decode_taps, host_values, inject
 from onnx_opscope.instrument.decode import rows_of
 from onnx_opscope.run.session import RuntimeConfig, make_session
@@ -183,3 +185,26 @@ def test_copied_taps_equal_their_numpy_references():
                 np.testing.assert_allclose(got[name], want[name], rtol=1e-12, err_msg=f"{t.tensor} {name}")
             else:
                 assert np.array_equal(got[name], want[name], equal_nan=True), f"{t.tensor} {name}"
+
+
+def test_a_generation_whose_shapes_change_every_step(monkeypatch, tmp_path):
+    """generate's decode steps: the attention taps grow by one position a step, so each step makes a new
+    layout in which only their sites' chunks are made anew (the other sites' are kept): the same rows."""
+    loop = importlib.import_module("onnx_opscope.run.generate")
+    real, attn, kinds = loop.decode, [], set()
+
+    def checked(manifest, outputs, host=None):
+        got = real(manifest, outputs, host)
+        want = rows_of(manifest, decode_taps(manifest, outputs, host))
+        assert got.chunks() == want.chunks()
+        assert _bits(got.to_arrow()) == _bits(want.to_arrow())
+        attn.append(max(c[4] for c in got.chunks() if c[1] == "Softmax"))
+        kinds.update(_kind(t) for t in manifest.taps)
+        return got
+
+    monkeypatch.setattr(loop, "decode", checked)
+    r = generate(decoder_path(), tokens=18, steps=6, out=tmp_path / "gen.parquet", parity=False)
+    assert r.steps == 6 and len(attn) == 6
+    # 9 heads: the prefill's 18 x 18 scores, then one row over the 19, 20, ... positions of each decode step
+    assert attn == [9 * 18 * 18] + [9 * (19 + k) for k in range(5)]
+    assert kinds >= {"copied", "graph", "weight"}

@@ -17,6 +17,7 @@ from __future__ import annotations
 import itertools
 import math
 import weakref
+from operator import ne
 from typing import NamedTuple
 
 import numpy as np
@@ -235,14 +236,23 @@ class _Weights(NamedTuple):
 
 class _Piece(NamedTuple):
     """One site's chunks at one set of shapes: tap index and sketch code per chunk (where its values
-    lie), its row labels, and those labels as `Coded` arrays."""
+    lie), and its row labels as `Coded` arrays (codes, ints, missing)."""
 
     taps: np.ndarray
     stats: np.ndarray
-    meta: list[tuple]
     codes: np.ndarray
     ints: np.ndarray
     missing: np.ndarray
+
+
+class _Chunks(NamedTuple):
+    """What a site's chunks are while the same roles ran and its copied taps stayed small or big: tap
+    index, sketch code and label codes per chunk, and which of the roles that ran each chunk is of."""
+
+    taps: np.ndarray
+    stats: np.ndarray
+    codes: np.ndarray
+    role: np.ndarray
 
 
 class _Labels:
@@ -291,8 +301,15 @@ class _Plan:
             for s in manifest.sites
         ]
         self.pieces: dict[int, tuple[tuple, _Piece]] = {}
+        # per tap: the sites it gives a shape or values to (a tap whose shapes changed remakes their pieces)
+        self.tap_sites: list[list[int]] = [[] for _ in taps]
+        for k, pairs in enumerate(self.site_taps):
+            for _, i in pairs:
+                self.tap_sites[i].append(k)
+        self.last_shapes: list[tuple | None] | None = None  # of the last layout made
         self.labels = _Labels()
-        self.site_codes: dict[int, tuple[tuple, np.ndarray]] = {}  # per site: its (role, stat)s, their codes
+        self.role_taps = [[(role, self.index[tid]) for role, tid in s.roles.items()] for s in manifest.sites]
+        self.chunks: dict[tuple[int, tuple], _Chunks] = {}  # (site, which roles ran and how) -> its chunks
         self.stat_code = {name: c for c, name in enumerate(sorted({n for t in taps for n in t.sketches}))}
         self.cells: tuple[int, tuple[np.ndarray, ...]] | None = None  # the weights' cells, by serial
         self.weights: _Weights | None = None
@@ -431,27 +448,40 @@ class _Plan:
         start = np.zeros((len(self.taps), len(code)), np.int64)
         count = np.zeros_like(start)
         at = 0
-        for stat, idx, counts in groups:
-            start[idx, code[stat]] = np.cumsum(counts) - counts + at
-            count[idx, code[stat]] = counts
-            at += int(counts.sum())
+        if groups:  # every group's cells at once: ~300 groups a decode step, most of them one tap's
+            counts = np.concatenate([c for _, _, c in groups])
+            cells = (np.fromiter(itertools.chain.from_iterable(idx for _, idx, _ in groups), np.int64, len(counts)),
+                     np.repeat([code[stat] for stat, _, _ in groups], [len(idx) for _, idx, _ in groups]))  # fmt: skip
+            start[cells] = np.cumsum(counts) - counts
+            count[cells] = counts
+            at = int(counts.sum())
         if weights is not None:
             wi, wk, ws, wc = self._weight_cells(weights)
             start[wi, wk], count[wi, wk] = ws + at, wc
             shapes = [weights.shapes.get(i, s) for i, s in enumerate(shapes)]
-        pieces, meta = [], []
-        for k, site in enumerate(self.manifest().sites):
+        sites = self.manifest().sites
+        last, self.last_shapes = self.last_shapes, shapes
+        if last is None or len(last) != len(shapes):
+            redo = range(len(sites))
+        else:  # only the sites of taps whose shapes changed (a decode step: the attention's few)
+            redo = sorted(
+                {
+                    k
+                    for i in itertools.compress(range(len(shapes)), map(ne, shapes, last))
+                    for k in self.tap_sites[i]
+                }
+            )
+        for k in redo:
             key = tuple(shapes[i] for _, i in self.site_taps[k])
             hit = self.pieces.get(k)
             if hit is None or hit[0] != key:
-                hit = self.pieces[k] = (key, self._piece(site, k, shapes))
-            pieces.append(hit[1])
-            meta.extend(hit[1].meta)
+                self.pieces[k] = (key, self._piece(sites[k], k, shapes))
+        pieces = [self.pieces[k][1] for k in range(len(sites))]
 
         def joined(field: str) -> np.ndarray:
             return np.concatenate([getattr(p, field) for p in pieces])
 
-        if not meta:
+        if not pieces or not sum(len(p.taps) for p in pieces):
             return _Layout(RowLayout([], np.zeros(0, np.int64)), np.zeros(0, np.int64))
         cell = joined("taps"), joined("stats")
         c, s = count[cell], start[cell]
@@ -462,7 +492,7 @@ class _Plan:
         coded = Coded(
             self.labels.values, joined("codes")[keep], joined("ints")[keep], joined("missing")[keep]
         )
-        return _Layout(RowLayout(list(itertools.compress(meta, keep.tolist())), c, coded), gather)
+        return _Layout(RowLayout(None, c, coded), gather)
 
     def _weight_cells(self, weights: _Weights) -> tuple[np.ndarray, ...]:
         """The weight taps' (tap, sketch, start, count) cells as arrays, once per `_Weights`."""
@@ -478,35 +508,54 @@ class _Plan:
 
     def _piece(self, site: SiteRecord, k: int, shapes: list[tuple | None]) -> _Piece:
         """One site's chunks at these shapes. The same while its taps' shapes are (a decode step's
-        projections keep theirs while the attention rows grow)."""
+        projections keep theirs while the attention rows grow); where only sizes changed, the chunks
+        (`_Chunks`) are kept and only the M, K, N and numel columns are made anew."""
         taps, o = self.taps, self.opts
         dims = {role: list(shapes[i]) for role, i in self.site_taps[k] if shapes[i] is not None}
         m, kk, n = gemm_dims(site, dims)
-        tap_of, stat_of, meta = [], [], []
-        for role, tid in site.roles.items():
-            i = self.index[tid]
+        numels, how = [], []
+        for _, i in self.role_taps[k]:
             if shapes[i] is None:
+                how.append(0)
                 continue
             numel = math.prod(shapes[i])
-            t = taps[i]
-            stats = list(t.sketches)
-            if t.copied and 0 < numel <= o.sample_size:  # the order decode_taps gives the values in
+            numels.append(numel)
+            how.append(2 if taps[i].copied and 0 < numel <= o.sample_size else 1)
+        chunks = self.chunks.get((k, tuple(how)))
+        if chunks is None:
+            chunks = self.chunks[(k, tuple(how))] = self._chunks(site, k, how)
+        rows = len(chunks.taps)
+        ints = np.empty((rows, 4), np.int64)  # M, K, N, numel: `Coded`'s order
+        missing = np.zeros((rows, 4), bool)
+        for j, v in enumerate((m, kk, n)):
+            ints[:, j] = 0 if v is None else v
+            missing[:, j] = v is None
+        ints[:, 3] = np.array(numels, np.int64)[chunks.role] if rows else 0
+        return _Piece(chunks.taps, chunks.stats, chunks.codes, ints, missing)
+
+    def _chunks(self, site: SiteRecord, k: int, how: list[int]) -> _Chunks:
+        """A site's chunks in `rows_of`'s order, `how` saying per role whether it ran (0 not) and whether
+        its values come in `decode_taps`' order for a small copied tap (2) or its sketches' (1)."""
+        taps, lab = self.taps, self.labels
+        tap_of, stat_of, codes, role_of = [], [], [], []
+        ran = 0
+        for (role, i), h in zip(self.role_taps[k], how):
+            if not h:
+                continue
+            stats = list(taps[i].sketches)
+            if h == 2:  # the order decode_taps gives the values in
                 seg = sk_batched.SEGMENTED
                 stats = [x for x in stats if x in seg] + [x for x in stats if x not in seg]
             for stat in stats:
                 tap_of.append(i)
                 stat_of.append(self.stat_code[stat])
-                meta.append((site.id, site.op_type, role, stat, numel, m, kk, n))
-        lab, key = self.labels, tuple(x[2:4] for x in meta)
-        codes = self.site_codes.get(k)
-        if codes is None or codes[0] != key:  # the labels stay when only the shapes change
-            rows = [[lab.code(j, v) for j, v in enumerate(x[:4])] for x in meta]
-            codes = self.site_codes[k] = (key, np.array(rows, np.int64).reshape(-1, 4))
-        codes = codes[1]
-        nums = [(x[5], x[6], x[7], x[4]) for x in meta]  # M, K, N, numel: `Coded`'s order
-        ints = np.array([[0 if v is None else v for v in x] for x in nums], np.int64).reshape(-1, 4)
-        missing = np.array([[v is None for v in x] for x in nums], bool).reshape(-1, 4)
-        return _Piece(np.array(tap_of, np.int64), np.array(stat_of, np.int64), meta, codes, ints, missing)
+                codes.append(
+                    [lab.code(0, site.id), lab.code(1, site.op_type), lab.code(2, role), lab.code(3, stat)]
+                )
+                role_of.append(ran)
+            ran += 1
+        return _Chunks(np.array(tap_of, np.int64), np.array(stat_of, np.int64),
+                       np.array(codes, np.int64).reshape(-1, 4), np.array(role_of, np.int64))  # fmt: skip
 
 
 def _fingerprint(manifest: Manifest) -> tuple:

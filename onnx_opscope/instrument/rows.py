@@ -19,10 +19,20 @@ class RowLayout:
     N) and a row count per chunk. Every batch of a recording usually has the same one, so its Arrow
     columns are built once per layout (`columns`), and a batch only brings its value column."""
 
-    def __init__(self, meta: list[tuple], counts: np.ndarray, coded: Coded | None = None):
-        self.meta, self.counts = meta, np.asarray(counts, np.int64)
+    def __init__(self, meta: list[tuple] | None, counts: np.ndarray, coded: Coded | None = None):
+        if meta is None and coded is None:
+            raise ValueError("a row layout needs its chunks' meta or their codes")
+        self._meta, self.counts = meta, np.asarray(counts, np.int64)
         self.coded = coded
         self._columns: dict[str, pa.Array] | None = None
+
+    @property
+    def meta(self) -> list[tuple]:
+        """One (site, op_type, role, stat, numel, M, K, N) per chunk; made from `coded` when first asked for
+        (a generate step's layout is new every step, and the tuples are read on its first step only)."""
+        if self._meta is None:
+            self._meta = _meta_of(self.coded)
+        return self._meta
 
     def columns(self) -> dict[str, pa.Array]:
         """M, K, N, numel, site, op_type, role, stat and idx, in that order, for these chunks."""
@@ -126,6 +136,14 @@ class Rows:
         return pa.table({**layout.columns(), "value": arrow_float64(self._value())})
 
 
+def _meta_of(coded: Coded) -> list[tuple]:
+    labels = [[v[i] for i in c] for v, c in zip(coded.labels, coded.codes.T.tolist())]
+    ints = [[None if gone else v for v, gone in zip(col, miss)]
+            for col, miss in zip(coded.ints.T.tolist(), coded.missing.T.tolist())]  # fmt: skip
+    m, k, n, numel = ints
+    return list(zip(*labels, numel, m, k, n))
+
+
 def _layout_columns(meta: list[tuple], counts: np.ndarray) -> dict[str, pa.Array]:
     chunk = np.repeat(np.arange(len(counts)), counts)
     starts = np.cumsum(counts) - counts
@@ -196,7 +214,15 @@ def arrow_strings(labels: list[str], codes: np.ndarray) -> pa.Array:
         pa.string(), len(enc), [None, pa.py_buffer(label_offsets), pa.py_buffer(b"".join(enc))]
     )
     indices = pa.Array.from_buffers(pa.int32(), len(codes), [None, pa.py_buffer(codes.astype(np.int32))])
-    column = dictionary.take(indices)
+    if len(enc) == 1:  # one label (a run id, a phase): its bytes repeated, no gather (a generate step's 4
+        # constant columns of ~60k rows were 4 takes, ~5 ms a step; their row count changes every step)
+        n = len(codes)
+        offsets = np.arange(n + 1, dtype=np.int32) * np.int32(len(enc[0]))
+        column = pa.Array.from_buffers(
+            pa.string(), n, [None, pa.py_buffer(offsets), pa.py_buffer(enc[0] * n)]
+        )
+    else:
+        column = dictionary.take(indices)
     _TWINS[_identity(column)] = (column, pa.DictionaryArray.from_arrays(indices, dictionary))
     while len(_TWINS) > _KEEP_TWINS:
         _TWINS.pop(next(iter(_TWINS)))
