@@ -8,6 +8,7 @@ text prompt's generation against the same decoder fed the reference ids.
 from __future__ import annotations
 
 import importlib
+import json
 import os
 import subprocess
 import sys
@@ -18,6 +19,7 @@ from conftest import DECODER_PROMPT, ROOT, decoder_path
 from onnx_opscope import OpscopeError, generate, prompt_ids_of, text_of
 from onnx_opscope.cli import build_parser, main
 from onnx_opscope.cli.generate import generation_from_args
+from onnx_opscope.run.prompt import Eos, default_eos
 
 STEPS = 4
 QUESTION = "What is the capital of France?"
@@ -160,3 +162,92 @@ def test_without_the_optional_packages(decoder, blocked, argv, expected):
                          capture_output=True, text=True, cwd=ROOT, env={**os.environ}, timeout=120)  # fmt: skip
     assert run.returncode == 2 and "Traceback" not in run.stderr, run.stderr
     assert run.stderr.startswith("error: ") and expected in run.stderr
+
+
+# ---------------------------------------------------------------------------------------------
+# The eos a decoder's files name: generate's default stop
+
+
+def _beside(tmp_path, decoder, files=("tokenizer.json", "tokenizer_config.json")):
+    """The decoder in a folder of its own, with links to the tokenizer files named."""
+    folder = tmp_path / "model"
+    folder.mkdir(parents=True)
+    (folder / "model.onnx").symlink_to(decoder)
+    for name in files:
+        (folder / name).symlink_to(decoder.parent / name)
+    return folder / "model.onnx"
+
+
+def test_default_eos_is_what_the_files_name(decoder, tmp_path):
+    eos = default_eos(
+        decoder
+    )  # SmolLM2's chat eos: tokenizer_config.json's eos_token, id from tokenizer.json
+    assert eos == Eos((2,), "tokenizer_config.json eos_token '<|im_end|>'")
+    assert eos.describe(decoder) == "2 '<|im_end|>' (from tokenizer_config.json eos_token '<|im_end|>')"
+    model = _beside(tmp_path, decoder)
+    # a generation_config.json comes first, as transformers' generate reads it: an id or a list of ids
+    (model.parent / "generation_config.json").write_text(json.dumps({"eos_token_id": 0}))
+    assert default_eos(model) == Eos((0,), "generation_config.json eos_token_id")
+    (model.parent / "generation_config.json").write_text(json.dumps({"eos_token_id": [2, 0, 2]}))
+    assert default_eos(model).ids == (2, 0)
+    assert (
+        default_eos(model).describe(model)
+        == "2 '<|im_end|>', 0 '<|endoftext|>' (from generation_config.json eos_token_id)"
+    )
+    (model.parent / "generation_config.json").write_text(
+        json.dumps({"bos_token_id": 1})
+    )  # none there: the tokenizer's
+    assert default_eos(model).ids == (2,)
+    for bad in ('{"eos_token_id": "2"}', '{"eos_token_id": [-1]}', "{"):
+        (model.parent / "generation_config.json").write_text(bad)
+        with pytest.raises(OpscopeError, match="generation_config.json"):
+            default_eos(model)
+    (model.parent / "generation_config.json").unlink()
+    # an AddedToken-style eos_token; one the tokenizer lacks is an error, not a silent run to --steps
+    config = json.loads((decoder.parent / "tokenizer_config.json").read_text())
+    (model.parent / "tokenizer_config.json").unlink()
+    (model.parent / "tokenizer_config.json").write_text(
+        json.dumps({**config, "eos_token": {"content": "<|endoftext|>"}})
+    )
+    assert default_eos(model) == Eos((0,), "tokenizer_config.json eos_token '<|endoftext|>'")
+    (model.parent / "tokenizer_config.json").write_text(json.dumps({**config, "eos_token": "<|nope|>"}))
+    with pytest.raises(OpscopeError, match="does not have"):
+        default_eos(model)
+    assert default_eos(_beside(tmp_path / "alone", decoder, files=())) is None
+
+
+def _eos_line(capsys) -> str:
+    return next(line for line in capsys.readouterr().out.splitlines() if line.startswith("eos:"))
+
+
+def test_generate_stops_at_the_default_eos(decoder, tmp_path, capsys):
+    model = _beside(tmp_path, decoder)
+    tokens = generate(model, DECODER_PROMPT, steps=6).generated[0].tolist()
+    stop = tokens[2]  # an id the greedy loop makes: named the eos, the loop stops where it first comes
+    at = tokens.index(stop) + 1
+    (model.parent / "generation_config.json").write_text(json.dumps({"eos_token_id": [stop]}))
+    ids = ",".join(map(str, DECODER_PROMPT))
+    args = ["generate", str(model), "--prompt-ids", ids, "--steps", "6"]
+    assert main([*args, "--plain"]) == 0
+    line = _eos_line(capsys)
+    assert (
+        line.startswith(f"eos: {stop} ")
+        and f"(from generation_config.json eos_token_id); stopped at it after {at} of 6 steps" in line
+    )
+    out = tmp_path / "gen.parquet"  # recorded: the eos is in the run's record (the decoder in its own folder)
+    assert (
+        main(["generate", str(decoder), *args[2:], "-o", str(out), "--no-parity", "--eos-id", str(stop)]) == 0
+    )
+    assert f"stopped at it after {at} of 6 steps" in _eos_line(capsys)
+    assert json.loads(out.with_suffix(".run.json").read_text())["generation"]["eos_id"] == [stop]
+    # --eos-id overrides it; --no-eos runs every step
+    assert main([*args, "--plain", "--eos-id", f"{tokens[0]}"]) == 0
+    assert _eos_line(capsys).endswith("(from --eos-id); stopped at it after 1 of 6 steps")
+    assert main([*args, "--plain", "--no-eos"]) == 0
+    assert _eos_line(capsys) == "eos: none (--no-eos)"
+    alone = _beside(tmp_path / "alone", decoder, files=())
+    assert main(["generate", str(alone), "--prompt-ids", ids, "--steps", "2", "--plain"]) == 0
+    assert _eos_line(capsys) == "eos: none (the model's files name none; --eos-id ID sets one)"
+    _one_error(capsys, [*args, "--plain", "--eos-id", "2,x"], "--eos-id '2,x': expected token ids")
+    with pytest.raises(SystemExit):
+        main([*args, "--plain", "--eos-id", "2", "--no-eos"])

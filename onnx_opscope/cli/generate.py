@@ -7,7 +7,7 @@ from pathlib import Path
 
 from ..errors import OpscopeError
 from ..run.generate import generate
-from ..run.prompt import load_tokenizer, prompt_ids_of, text_of, tokenizer_path
+from ..run.prompt import Eos, default_eos, load_tokenizer, prompt_ids_of, text_of, tokenizer_path
 from .options import (
     add_output_argument,
     add_quiet_argument,
@@ -37,6 +37,10 @@ The decoder needs input_ids, optionally attention_mask / position_ids, and past_
 inputs each with a present.{i}.key/value output (transformers / optimum exports). The table is
 `record`'s plus two columns: phase (prefill, decode) and position (the step's first token's position).
 
+The loop stops once every row generated the eos: by default the one the model's files name (eos_token_id
+of a generation_config.json beside it, else the eos_token of the tokenizer_config.json beside the tokenizer);
+--eos-id ID[,ID...] sets it, --no-eos runs all --steps. The summary says which eos and where it came from.
+
 A text prompt (--prompt, or a --prompt-file that is not all integers) is encoded by the Hugging Face
 tokenizer.json beside the model, or --tokenizer FILE (pip install 'onnx-opscope[text]'); with one
 there the summary shows the generated text, else its ids. A --prompt-file whose every whitespace-separated
@@ -64,7 +68,11 @@ def add_parser(sub) -> argparse.ArgumentParser:
     g.add_argument(
         "--seed", type=int, default=0, metavar="N", help="seed of --tokens and --sample (default: 0)"
     )
-    g.add_argument("--eos-id", type=int, default=None, metavar="ID", help="stop once every row generated it")
+    eos = g.add_mutually_exclusive_group()
+    eos.add_argument("--eos-id", default=None, metavar="ID[,ID...]",
+                     help="stop once every row generated one of these ids (default: the eos the model's files name: "
+                     "eos_token_id of generation_config.json beside it, else eos_token of tokenizer_config.json)")  # fmt: skip
+    eos.add_argument("--no-eos", action="store_true", help="no eos: run all --steps")
     g.add_argument(
         "--every",
         type=int,
@@ -171,11 +179,36 @@ def generated_line(row: list[int], model: Path, tokenizer: Path | None, width: i
     return f"generated: {text[:width]!r}{' ...' if len(text) > width else ''}"
 
 
+def eos_from_args(args: argparse.Namespace) -> Eos | None:
+    """The eos the loop stops at: --eos-id, none with --no-eos, else the one the model's files name
+    (`prompt.default_eos`), else none."""
+    if args.no_eos:
+        return None
+    if args.eos_id is not None:
+        words = csv_items([args.eos_id])
+        bad = next((w for w in words if not w.isdigit()), None)
+        if bad is not None or not words:
+            raise OpscopeError(f"--eos-id {args.eos_id!r}: expected token ids (0 or more), comma-separated",
+                               hint="--no-eos runs all --steps")  # fmt: skip
+        return Eos(tuple(dict.fromkeys(int(w) for w in words)), "--eos-id")
+    return default_eos(args.model, args.tokenizer)
+
+
+def eos_line(eos: Eos | None, args: argparse.Namespace, steps: int) -> str:
+    """The summary's eos line: which ids, where they came from, and whether the loop stopped at one."""
+    if eos is None:
+        why = "--no-eos" if args.no_eos else "the model's files name none; --eos-id ID sets one"
+        return f"eos: none ({why})"
+    stopped = f"; stopped at it after {steps} of {args.steps} steps" if steps < args.steps else ""
+    return f"eos: {eos.describe(args.model, args.tokenizer)}{stopped}"
+
+
 def run(args: argparse.Namespace) -> int:
     prompt = prompt_from_args(args)
+    eos = eos_from_args(args)
     tokenizer = None if args.quiet else output_tokenizer(args)
     common = dict(tokens=args.tokens, steps=args.steps, sample=args.sample, temperature=args.temperature,
-                  seed=args.seed, eos_id=args.eos_id, runtime=runtime_config_from_args(args))  # fmt: skip
+                  seed=args.seed, eos_id=eos.ids if eos else None, runtime=runtime_config_from_args(args))  # fmt: skip
     if args.plain:
         result = generate(args.model, prompt, **common)
     else:
@@ -208,6 +241,7 @@ def run(args: argparse.Namespace) -> int:
             f"{', '.join(result.runtime['providers'])} in {result.seconds:.1f}s; {timing}; parity {gate}"
         )
         print(f"sites: {result.sites}\nrun: {result.run}")
+    print(eos_line(eos, args, result.steps))
     for row in result.generated.tolist():
         print(generated_line(row, args.model, tokenizer))
     return 0

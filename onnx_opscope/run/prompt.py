@@ -14,6 +14,7 @@ from __future__ import annotations
 import json
 import os
 from collections.abc import Sequence
+from dataclasses import dataclass
 from functools import lru_cache
 from pathlib import Path
 from typing import Any
@@ -22,6 +23,7 @@ from ..errors import OpscopeError
 
 TOKENIZER_FILE = "tokenizer.json"
 CONFIG_FILE = "tokenizer_config.json"
+GENERATION_CONFIG_FILE = "generation_config.json"
 EXTRA = "pip install 'onnx-opscope[text]'"
 PathLike = str | os.PathLike
 
@@ -130,3 +132,102 @@ def text_of(ids: Sequence[int], model: PathLike, *, tokenizer: PathLike | None =
     """The text of token ids by the tokenizer beside `model` (or `tokenizer`), special tokens included."""
     tok = load_tokenizer(tokenizer_path(model, tokenizer))
     return tok.decode([int(i) for i in ids], skip_special_tokens=False)
+
+
+# ---------------------------------------------------------------------------------------------
+# The end-of-sequence token a decoder's own files name
+
+
+@dataclass(frozen=True)
+class Eos:
+    """The token ids that end a generation and where they were read: `source` names the file and its key
+    ("generation_config.json eos_token_id", "tokenizer_config.json eos_token '<|im_end|>'", "--eos-id")."""
+
+    ids: tuple[int, ...]
+    source: str
+
+    def describe(self, model: PathLike | None = None, tokenizer: PathLike | None = None) -> str:
+        """`2 '<|im_end|>' (from generation_config.json eos_token_id)`: the ids, their text when a tokenizer
+        reads them, and the source."""
+        names = [_token_text(i, model, tokenizer) if model is not None else None for i in self.ids]
+        shown = ", ".join(f"{i} {n!r}" if n else str(i) for i, n in zip(self.ids, names))
+        return f"{shown} (from {self.source})"
+
+
+def default_eos(model: PathLike, tokenizer: PathLike | None = None) -> Eos | None:
+    """The eos a decoder's files name, as transformers' `generate` would stop on it: `eos_token_id` (an id or
+    a list) of the generation_config.json beside the model, else the `eos_token` of the tokenizer_config.json
+    beside the tokenizer (`tokenizer`, else tokenizer.json beside the model), looked up in that tokenizer.json.
+    None when neither names one. Plain JSON: no tokenizers package needed. A file that is there but unreadable,
+    or an eos_token its tokenizer.json does not have, is an error (a silent run to --steps would hide it)."""
+    folder = Path(model) if Path(model).is_dir() else Path(model).parent
+    gen = folder / GENERATION_CONFIG_FILE
+    if gen.is_file():
+        value = _json(gen).get("eos_token_id")
+        ids = [value] if isinstance(value, int) and not isinstance(value, bool) else value
+        if (
+            isinstance(ids, list)
+            and ids
+            and all(isinstance(i, int) and not isinstance(i, bool) and i >= 0 for i in ids)
+        ):
+            return Eos(tuple(dict.fromkeys(ids)), f"{GENERATION_CONFIG_FILE} eos_token_id")
+        if value is not None:
+            raise OpscopeError(f"{gen}: eos_token_id {value!r} is not a token id or a list of them",
+                               hint="give the eos with --eos-id ID, or --no-eos")  # fmt: skip
+    tok = Path(tokenizer) if tokenizer is not None else folder / TOKENIZER_FILE
+    config = tok.parent / CONFIG_FILE
+    if not config.is_file():
+        return None
+    token = _token(_json(config).get("eos_token"))
+    if not token:
+        return None
+    if not tok.is_file():
+        raise OpscopeError(f"{config} names eos_token {token!r} but there is no {tok} to give its id",
+                           hint="give the eos with --eos-id ID, or --no-eos")  # fmt: skip
+    got = _vocabulary(str(tok), tok.stat().st_mtime_ns).get(token)
+    if got is None:
+        raise OpscopeError(f"{config} names eos_token {token!r}, which {tok} does not have",
+                           hint="give the eos with --eos-id ID, or --no-eos")  # fmt: skip
+    return Eos((got,), f"{CONFIG_FILE} eos_token {token!r}")
+
+
+def _json(path: Path) -> dict:
+    try:
+        value = json.loads(path.read_text())
+    except (OSError, ValueError, UnicodeDecodeError) as exc:
+        raise OpscopeError(f"{path}: cannot read it as JSON ({exc.__class__.__name__})") from None
+    if not isinstance(value, dict):
+        raise OpscopeError(f"{path}: expected a JSON object")
+    return value
+
+
+@lru_cache(maxsize=4)
+def _vocabulary(path: str, stamp: int) -> dict[str, int]:
+    """token -> id of a tokenizer.json: its added tokens (the special ones) over its model's vocabulary."""
+    data = _json(Path(path))
+    vocab = data.get("model", {}).get("vocab") if isinstance(data.get("model"), dict) else None
+    out = {k: v for k, v in vocab.items() if isinstance(v, int)} if isinstance(vocab, dict) else {}
+    for added in data.get("added_tokens") or []:
+        if (
+            isinstance(added, dict)
+            and isinstance(added.get("content"), str)
+            and isinstance(added.get("id"), int)
+        ):
+            out[added["content"]] = added["id"]
+    return out
+
+
+def _token_text(token_id: int, model: PathLike, tokenizer: PathLike | None) -> str | None:
+    """The token's text in the tokenizer.json beside `model` (or `tokenizer`); None when there is none."""
+    tok = (
+        Path(tokenizer)
+        if tokenizer is not None
+        else (Path(model) if Path(model).is_dir() else Path(model).parent) / TOKENIZER_FILE
+    )
+    if not tok.is_file():
+        return None
+    try:
+        vocab = _vocabulary(str(tok), tok.stat().st_mtime_ns)
+    except OpscopeError:
+        return None
+    return next((t for t, i in vocab.items() if i == token_id), None)
