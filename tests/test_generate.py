@@ -96,6 +96,34 @@ def test_instrumented_loop_keeps_outputs_and_records_phases(decoder, plain, tmp_
     assert (tmp_path / "gen.run.json").is_file() and (tmp_path / "gen.sites.csv").is_file()
 
 
+def test_the_cache_s_own_views_are_left_to_the_kv_taps(decoder, tmp_path):
+    """The attention MatMuls' K and V operands are the cache rearranged (Concat with the past, Transpose,
+    the grouped-query Expand): generate keeps only their shape (M, K, N) and leaves their values to the kv
+    taps of each step's new entries, unless the caller lists the sites."""
+    from onnx_opscope.graph import load_model
+    from onnx_opscope.sites import find_sites
+    from onnx_opscope.sites.kv import cache_views
+
+    model = load_model(decoder)
+    pasts = [i.name for i in model.graph.input if i.name.startswith("past_key_values")]
+    views = cache_views(model, pasts)
+    producers = {o: n for n in model.graph.node for o in n.output}
+    assert views and all(producers[v].op_type in ("Concat", "Transpose", "Reshape", "Expand", "Unsqueeze")
+                         for v in views)  # fmt: skip
+    operands = {
+        t.tensor for s in find_sites(model) if s.op_type == "MatMul" for t in s.taps if t.role == "rhs"
+    }
+    assert len(operands & views) == 4  # K^T and V of both layers' attention
+    rec = generate(decoder, PROMPT, steps=3, out=tmp_path / "gen.parquet")
+    tapped = {t.tensor for t in rec.manifest.taps if t.sketches}
+    assert not tapped & views and any(s.kind == "kv" for s in rec.manifest.sites)
+    table = read_table(tmp_path / "gen.parquet").to_pandas()
+    qk = table[table.site.isin([s.id for s in rec.manifest.sites if s.op_type == "MatMul"])]
+    assert qk.N.notna().all()  # the dims of a site whose operand is a view are still there
+    listed = generate(decoder, PROMPT, steps=2, out=tmp_path / "all.parquet", sites=find_sites(model))
+    assert {t.tensor for t in listed.manifest.taps if t.sketches} >= operands & views
+
+
 def _fake_decoder(tmp_path, present: str) -> str:
     """A one-node model with input_ids and one past, whose only output is `present`."""
     ids = helper.make_tensor_value_info("input_ids", TensorProto.INT64, ["b", "s"])

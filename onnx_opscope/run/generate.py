@@ -37,9 +37,10 @@ from ..errors import OpscopeError, listing
 from ..files import check_writable
 from ..graph.chunks import weight_bytes
 from ..graph.io import ModelLike, file_sha256, load_model
-from ..instrument import HostValues, Manifest, decode, host_values, inject
+from ..instrument import HostValues, Manifest, decode, host_values, inject, sites_of
 from ..instrument.rows import arrow_int64, arrow_strings
 from ..sites import Selection, Site
+from ..sites.kv import cache_views, without_cache_views
 from .feeds import InputSpec, describe_feeds, input_signature
 from .kernels import checked_sites
 from .recorder import (
@@ -317,6 +318,7 @@ def _recorded(model: ModelLike, prompt_ids, tokens: int | None, how: Decoding, o
         check_writable(path, inputs=[model])
     light = load_model(model)
     layout = cache_layout(input_signature(light), [o.name for o in light.graph.output])
+    views = cache_views(light, [past for past, _ in layout.cache])
     del light
     prompt_len = _prompt_len(
         prompt_ids, tokens
@@ -328,6 +330,9 @@ def _recorded(model: ModelLike, prompt_ids, tokens: int | None, how: Decoding, o
     shapes = _step_shapes(layout, batch, 1, prompt_len + how.steps - 1)
 
     placed = in_place_if_big(model)  # big inline weights read from the file, never parsed
+    # the cache's own views are left to the kv taps, unless the caller chose the sites or the roles
+    if views and (sites is None or (isinstance(sites, Selection) and not sites.roles)):
+        sites = without_cache_views(sites_of(placed, sites), views)
 
     def build(chosen):
         return inject(placed, chosen, sketches, options, placement, providers, input_shapes=shapes)
