@@ -21,6 +21,8 @@ is NaN (its Σx² 0). Kind `kv` only (`sites.KIND_SKETCHES`): the axes mean head
 
 from __future__ import annotations
 
+import math
+
 import numpy as np
 
 from . import merge
@@ -101,11 +103,12 @@ def head_views(x: np.ndarray, info: TapInfo) -> tuple[np.ndarray, np.ndarray, np
     positions, packed = head_layout(
         TapInfo(v.ndim, info.elem_type, info.channel_axis, info.seq_axis, info.bins)
     )
-    if packed > 1:
-        v = v.reshape(*v.shape[:-1], packed, -1)
+    if packed > 1:  # sizes spelled out, not -1: numpy cannot infer one of an empty tensor
+        v = v.reshape(*v.shape[:-1], packed, v.shape[-1] // packed)
     v = np.moveaxis(v, positions, list(range(len(positions))))
-    v = v.reshape(-1, *v.shape[len(positions) :]) if positions else v[None]
-    v = v.reshape(v.shape[0], -1, v.shape[-1]) if v.ndim != 3 else v
+    k = len(positions)
+    v = v.reshape(math.prod(v.shape[:k]), *v.shape[k:]) if positions else v[None]
+    v = v.reshape(v.shape[0], math.prod(v.shape[1:-1]), v.shape[-1]) if v.ndim != 3 else v
     fin = np.isfinite(v)
     if v.shape[0] == 0:
         empty = np.full(v.shape[1:], np.inf)
@@ -134,10 +137,10 @@ def _views_once(x: np.ndarray, info: TapInfo) -> tuple[np.ndarray, np.ndarray, n
 def _ref(which: str):
     def ref(x: np.ndarray, info: TapInfo, o: SketchOptions) -> np.ndarray:
         lo, hi, ss = _views_once(x, info)
-        if which == "head_min":
-            return _finite_or_nan(lo.min(axis=1))
+        if which == "head_min":  # initial: a head of no channel (an empty tensor) is NaN, not an error
+            return _finite_or_nan(lo.min(axis=1, initial=np.inf))
         if which == "head_max":
-            return _finite_or_nan(hi.max(axis=1))
+            return _finite_or_nan(hi.max(axis=1, initial=-np.inf))
         if which == "head_sumsq":
             return ss.sum(axis=1)
         return _finite_or_nan(np.maximum(np.abs(lo), np.abs(hi))).ravel()
