@@ -62,6 +62,33 @@ def decoder_path(variant: str = "", layers: int = 2) -> Path:
                     "scripts/make_decoder.py needs pip's index")  # fmt: skip
 
 
+def decoder_steps(model, tokens, names: list[str], steps: int, dtype=None) -> list[dict]:
+    """Each step's values of `names` in a plain onnxruntime loop, no opscope code: the prompt
+    (DECODER_PROMPT's length of `tokens`), then one token of `tokens` a step, presents fed back as pasts.
+    The numpy reference of what `generate` records at each step."""
+    import numpy as np
+    import onnx
+    import onnxruntime as ort
+    from onnx import helper
+
+    m = onnx.load(str(model))
+    have = {o.name for o in m.graph.output}
+    m.graph.output.extend(helper.make_empty_tensor_value_info(n) for n in names if n not in have)
+    s = ort.InferenceSession(m.SerializeToString(), providers=["CPUExecutionProvider"])
+    outs = [o.name for o in s.get_outputs()]
+    feeds = {i.name for i in s.get_inputs()}
+    pasts = [i for i in s.get_inputs() if i.name.startswith("past_key_values")]
+    cache = {i.name: np.zeros((1, i.shape[1], 0, i.shape[3]), np.float32) for i in pasts}
+    out, p = [], len(DECODER_PROMPT)
+    for step in range(steps):
+        ids = tokens[:, :p] if step == 0 else tokens[:, p + step - 1 : p + step]
+        given = {"input_ids": ids, "attention_mask": np.ones((1, p + step), np.int64), **cache}
+        got = dict(zip(outs, s.run(outs, {k: v for k, v in given.items() if k in feeds})))
+        cache = {i.name: got[i.name.replace("past_key_values", "present")] for i in pasts}
+        out.append({n: got[n] if dtype is None else got[n].astype(dtype) for n in names})
+    return out
+
+
 def generated_model_path(name: str) -> Path:
     path = GENERATED / f"{name}.onnx"
     if not path.is_file():

@@ -14,13 +14,11 @@ import math
 
 import numpy as np
 import onnx
-import onnxruntime as ort
 import pyarrow as pa
 import pyarrow.compute as pc
 import pyarrow.parquet as pq
 import pytest
-from conftest import DECODER_PROMPT, decoder_path
-from onnx import helper
+from conftest import DECODER_PROMPT, decoder_path, decoder_steps
 
 from onnx_opscope import MineConfig, find_sites, generate, mine, read_table
 from onnx_opscope.cli import main
@@ -43,27 +41,13 @@ def run(tmp_path_factory):
     taps = {t.id: t.tensor for t in rec.manifest.taps}
     tensors = {(s.id, r): taps[t] for s in rec.manifest.sites for r, t in s.roles.items()}
     presents = [s.id for s in rec.manifest.sites if s.kind == "kv"]
-    return model, rec, out, tensors, _loop(model, rec.tokens, sorted({*tensors.values(), *presents}))
-
-
-def _loop(model, tokens: np.ndarray, names: list[str]) -> list[dict[str, np.ndarray]]:
-    """Each step's values of `names`: the prompt, then one generated token a step, presents fed back."""
-    m = onnx.load(str(model))
-    have = {o.name for o in m.graph.output}
-    m.graph.output.extend(helper.make_empty_tensor_value_info(n) for n in names if n not in have)
-    s = ort.InferenceSession(m.SerializeToString(), providers=["CPUExecutionProvider"])
-    outs = [o.name for o in s.get_outputs()]
-    pasts = [i for i in s.get_inputs() if i.name.startswith("past_key_values")]
-    cache = {i.name: np.zeros((1, i.shape[1], 0, i.shape[3]), np.float32) for i in pasts}
-    steps, p = [], len(PROMPT)
-    for step in range(STEPS):
-        ids = tokens[:, :p] if step == 0 else tokens[:, p + step - 1 : p + step]
-        total = p + step
-        got = dict(zip(outs, s.run(outs, {"input_ids": ids, "attention_mask": np.ones((1, total), np.int64),
-                                          **cache})))  # fmt: skip
-        cache = {i.name: got[i.name.replace("past_key_values", "present")] for i in pasts}
-        steps.append({n: got[n].astype(np.float64) for n in names})
-    return steps
+    return (
+        model,
+        rec,
+        out,
+        tensors,
+        decoder_steps(model, rec.tokens, sorted({*tensors.values(), *presents}), STEPS, np.float64),
+    )
 
 
 @pytest.fixture(scope="module")

@@ -16,7 +16,7 @@ import numpy as np
 import onnx
 import onnxruntime as ort
 import pytest
-from conftest import DECODER_PROMPT, decoder_path
+from conftest import DECODER_PROMPT, decoder_path, decoder_steps
 from onnx import TensorProto, helper
 
 from onnx_opscope import MineConfig, generate, mine, read_table
@@ -113,26 +113,6 @@ def test_head_views_of_the_present_itself():
 # a real generation, plain and fused
 
 
-def _loop(model, tokens: np.ndarray, names: list[str]) -> list[dict[str, np.ndarray]]:
-    """Each step's values of `names`: the prompt, then one generated token a step, presents fed back."""
-    m = onnx.load(str(model))
-    have = {o.name for o in m.graph.output}
-    m.graph.output.extend(helper.make_empty_tensor_value_info(n) for n in names if n not in have)
-    s = ort.InferenceSession(m.SerializeToString(), providers=["CPUExecutionProvider"])
-    outs = [o.name for o in s.get_outputs()]
-    feeds = {i.name for i in s.get_inputs()}
-    pasts = [i for i in s.get_inputs() if i.name.startswith("past_key_values")]
-    cache = {i.name: np.zeros((1, i.shape[1], 0, i.shape[3]), np.float32) for i in pasts}
-    steps, p = [], len(PROMPT)
-    for step in range(STEPS):
-        ids = tokens[:, :p] if step == 0 else tokens[:, p + step - 1 : p + step]
-        got = dict(zip(outs, s.run(outs, {k: v for k, v in {"input_ids": ids, "attention_mask": np.ones((1, p + step), np.int64),
-                                                              **cache}.items() if k in feeds})))  # fmt: skip
-        cache = {i.name: got[i.name.replace("past_key_values", "present")] for i in pasts}
-        steps.append({n: got[n].astype(np.float32) for n in names})
-    return steps
-
-
 @pytest.fixture(scope="module", params=["", "fused"], ids=["plain", "fused"])
 def gen(request, tmp_path_factory):
     """(variant, {site: tapped tensor}, the copied-out table, the in-graph table, each step's tensors)."""
@@ -143,7 +123,7 @@ def gen(request, tmp_path_factory):
     taps = {t.id: t for t in rec.manifest.taps}
     kv = {s.id: taps[next(iter(s.roles.values()))] for s in rec.manifest.sites if s.kind == "kv"}
     assert len(kv) == 4 and all(t.copied for t in kv.values())
-    tensors = _loop(model, rec.tokens, sorted({t.tensor for t in kv.values()}))
+    tensors = decoder_steps(model, rec.tokens, sorted({t.tensor for t in kv.values()}), STEPS, np.float32)
     return (
         request.param,
         {s: t.tensor for s, t in kv.items()},
