@@ -486,9 +486,6 @@ class _Loop:
             raise OpscopeError(
                 f"the decoder failed at step {step} ({describe_feeds(fed)}): {one_line(exc)}"
             ) from None
-        finally:
-            binding.clear_binding_inputs()
-            binding.clear_binding_outputs()
         self.seconds.append(time.perf_counter() - t0)
         self.runs += 1
         return got
@@ -502,8 +499,12 @@ class _Loop:
         presents = {present for _, present in self.layout.cache}
         for name in names:
             binding.bind_output(name, self.device if name in presents else "cpu")
-        self.session.run_with_iobinding(binding)
-        return dict(zip(names, binding.get_outputs()))
+        try:
+            self.session.run_with_iobinding(binding)
+            return dict(zip(names, binding.get_outputs()))
+        finally:  # the next step binds anew (its taps differ when it is not recorded)
+            binding.clear_binding_inputs()
+            binding.clear_binding_outputs()
 
     def _pick(self, logits: np.ndarray) -> np.ndarray:
         if not self.how.sample:

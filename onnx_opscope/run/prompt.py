@@ -28,16 +28,24 @@ EXTRA = "pip install 'onnx-opscope[text]'"
 PathLike = str | os.PathLike
 
 
+def _folder(model: PathLike) -> Path:
+    """Where a model's companion files lie: its folder, or `model` when it is a folder."""
+    return Path(model) if Path(model).is_dir() else Path(model).parent
+
+
+def _tokenizer_file(model: PathLike, tokenizer: PathLike | None) -> Path:
+    """`tokenizer` when given, else tokenizer.json beside the model; whether it exists is the caller's test."""
+    return Path(tokenizer) if tokenizer is not None else _folder(model) / TOKENIZER_FILE
+
+
 def tokenizer_path(model: PathLike, tokenizer: PathLike | None = None) -> Path:
     """The tokenizer file: `tokenizer` when given, else tokenizer.json in the model's folder (or in `model`
     when it is a folder)."""
+    path = _tokenizer_file(model, tokenizer)
     if tokenizer is not None:
-        path = Path(tokenizer)
         if not path.is_file():
             raise OpscopeError(f"{path}: no such tokenizer file", hint="give a Hugging Face tokenizer.json")
         return path
-    folder = Path(model) if Path(model).is_dir() else Path(model).parent
-    path = folder / TOKENIZER_FILE
     if not path.is_file():
         raise OpscopeError(
             f"no tokenizer for {model}: looked for {path}",
@@ -160,8 +168,7 @@ def default_eos(model: PathLike, tokenizer: PathLike | None = None) -> Eos | Non
     beside the tokenizer (`tokenizer`, else tokenizer.json beside the model), looked up in that tokenizer.json.
     None when neither names one. Plain JSON: no tokenizers package needed. A file that is there but unreadable,
     or an eos_token its tokenizer.json does not have, is an error (a silent run to --steps would hide it)."""
-    folder = Path(model) if Path(model).is_dir() else Path(model).parent
-    gen = folder / GENERATION_CONFIG_FILE
+    gen = _folder(model) / GENERATION_CONFIG_FILE
     if gen.is_file():
         value = _json(gen).get("eos_token_id")
         ids = [value] if isinstance(value, int) and not isinstance(value, bool) else value
@@ -174,7 +181,7 @@ def default_eos(model: PathLike, tokenizer: PathLike | None = None) -> Eos | Non
         if value is not None:
             raise OpscopeError(f"{gen}: eos_token_id {value!r} is not a token id or a list of them",
                                hint="give the eos with --eos-id ID, or --no-eos")  # fmt: skip
-    tok = Path(tokenizer) if tokenizer is not None else folder / TOKENIZER_FILE
+    tok = _tokenizer_file(model, tokenizer)
     config = tok.parent / CONFIG_FILE
     if not config.is_file():
         return None
@@ -219,11 +226,7 @@ def _vocabulary(path: str, stamp: int) -> dict[str, int]:
 
 def _token_text(token_id: int, model: PathLike, tokenizer: PathLike | None) -> str | None:
     """The token's text in the tokenizer.json beside `model` (or `tokenizer`); None when there is none."""
-    tok = (
-        Path(tokenizer)
-        if tokenizer is not None
-        else (Path(model) if Path(model).is_dir() else Path(model).parent) / TOKENIZER_FILE
-    )
+    tok = _tokenizer_file(model, tokenizer)
     if not tok.is_file():
         return None
     try:
