@@ -59,6 +59,7 @@ from ..sites import SHADOW_SUFFIX, Selection, Site, find_sites, select
 from .manifest import Manifest, TapRecord, manifest_path_for
 from .plan import plan_taps, tensor_type
 from .qdq import converts_s8_to_u8, dequantize, unsigned_pairs
+from .samples import shared_sample_indices
 from .shadow import build_shadow
 from .templates import TapTemplates
 
@@ -264,7 +265,7 @@ def build(target: _Target, taps: list[TapRecord], options: sk.SketchOptions, pla
             pos = build_shadow(b, target.index[tap.graph], tap.tensor, type_of)
             inserts.setdefault(tap.graph, {}).setdefault(pos, []).extend(b.nodes)
             shadow_at[(tap.graph, tap.tensor)] = pos
-    templates = TapTemplates(target.opset, options, target.names, target.constants)
+    live = []  # (number, record, source, reads, prelude, position) of every tap that gets nodes
     for k, tap in enumerate(taps):
         if tap.constant:  # a weight's sketches are computed on the host (host.host_values)
             continue
@@ -273,6 +274,26 @@ def build(target: _Target, taps: list[TapRecord], options: sk.SketchOptions, pla
         if tap.dequant is not None:  # QDQ: dequantize a copy of the quantized tensor (sites.qdq)
             source, prelude = _dequantize(target, k, tap)
             reads += [n for n in (tap.dequant["scale"], tap.dequant["zero_point"]) if n]
+        if placement == "end":
+            pos = len(entry.graph.node) - 1
+        else:
+            pos = shadow_at.get((tap.graph, tap.tensor))
+            if pos is None:  # after the last producer of what the tap reads (-1: graph inputs, outer tensors)
+                pos = max(-1 if (p := entry.producer_index(r)) is None else p for r in reads)
+        live.append((k, tap, source, reads, prelude, pos))
+    shared, index_nodes = shared_sample_indices(
+        [(k, tap, pos) for k, tap, *_, pos in live if not tap.copied],
+        target.table,
+        target.opset,
+        target.names,
+        target.constants,
+        options,
+    )
+    for graph, at in index_nodes.items():  # before the taps at the same position: they read them
+        for pos, nodes in at.items():
+            inserts.setdefault(graph, {}).setdefault(pos, []).extend(nodes)
+    templates = TapTemplates(target.opset, options, target.names, target.constants)
+    for k, tap, source, _, prelude, pos in live:
         if tap.copied:  # the tensor itself, under a name of ours (it may be an input or an output already)
             copy = target.names.fresh(f"opscope_t{k}_tensor")
             nodes, tap.outputs = [helper.make_node("Identity", [source], [copy], name=copy)], {"tensor": copy}
@@ -280,13 +301,9 @@ def build(target: _Target, taps: list[TapRecord], options: sk.SketchOptions, pla
                 marker, raws = templates.build(f"opscope_t{k}_", source, tap.info(), [])
                 nodes, tap.outputs = [*marker, *nodes], {**raws, "tensor": copy}
         else:
-            nodes, tap.outputs = templates.build(f"opscope_t{k}_", source, tap.info(), tap.sketches)
-        if placement == "end":
-            pos = len(entry.graph.node) - 1
-        else:
-            pos = shadow_at.get((tap.graph, tap.tensor))
-            if pos is None:  # after the last producer of what the tap reads (-1: graph inputs, outer tensors)
-                pos = max(-1 if (p := entry.producer_index(r)) is None else p for r in reads)
+            nodes, tap.outputs = templates.build(
+                f"opscope_t{k}_", source, tap.info(), tap.sketches, shared.get(k)
+            )
         inserts.setdefault(tap.graph, {}).setdefault(pos, []).extend([*prelude, *nodes])
     return inserts
 

@@ -32,8 +32,9 @@ from .attention import ATTN_KRECV, ATTN_QMAX
 from .base import FINITE, OUTER, OnFinite, Raw, Sketch, Tolerance, finite_values
 from .batched import segmented
 from .channels import CHAN_MAXABS, CHAN_OUTLIER
+from .context import SampleIndex, sample_index
 from .heads import HEAD_CHAN_MAXABS, HEAD_MAX, HEAD_MIN, HEAD_SUMSQ
-from .histogram import ELEMSIG, HIST, sample_positions
+from .histogram import ELEMSIG, HIST, reads_samples, sample_blocks, sample_positions
 from .merge import Derived, Merge
 from .moments import INF_COUNT, KURTOSIS, L1, MAX, MEAN, MIN, NAN_COUNT, NNZ, SUMSQ
 from .options import HIST_MODES, SketchOptions, TapInfo, for_opset, for_providers
@@ -218,6 +219,10 @@ __all__ = [
     "reference",
     "references",
     "resolve",
+    "SampleIndex",
+    "reads_samples",
+    "sample_blocks",
+    "sample_index",
     "sample_positions",
     "streamable",
     "streamed_references",

@@ -30,6 +30,7 @@ through a bool cast instead of Sign.
 from __future__ import annotations
 
 from collections.abc import Callable
+from typing import NamedTuple
 
 import numpy as np
 from onnx import TensorProto
@@ -43,6 +44,18 @@ SAMPLE_BLOCK = 16  # the sampled histogram reads blocks of 16 contiguous element
 GOLDEN = (np.sqrt(5.0) - 1) / 2  # block j of the sample is at frac(j * GOLDEN) of the tensor
 
 
+class SampleIndex(NamedTuple):
+    """Where the sample of a tensor lies: the block view's shape ([-1, g]) and the block indices.
+
+    Both depend on the element count alone, so taps on tensors of one shape share one
+    (`instrument.samples`): made once, or constants when the shape is static, instead of the
+    ~20 scalar nodes of `sample_index` in every tap (~1 µs each on CPU, however small the tensor).
+    """
+
+    view: str
+    idx: str
+
+
 class TapContext:
     """Shared pieces of one tensor's tap at one level (outer, or one If branch). State is real: the memo."""
 
@@ -54,15 +67,18 @@ class TapContext:
         options: SketchOptions,
         outer: TapContext | None = None,
         slow: bool | None = None,
+        sample: SampleIndex | None = None,
     ):
         self.b, self.x, self.info, self.options = b, x, info, options
-        self._outer, self.slow = outer, slow
+        self._outer, self.slow, self.sample = outer, slow, sample
         self._memo: dict[str, str] = {}
 
     @classmethod
-    def for_tensor(cls, b: Builder, tensor: str, info: TapInfo, options: SketchOptions) -> TapContext:
-        """The outer context of `tensor`, whose `x` is the tensor as float32."""
-        return cls(b, _as_float(b, tensor, info.elem_type), info, options)
+    def for_tensor(
+        cls, b: Builder, tensor: str, info: TapInfo, options: SketchOptions, sample: SampleIndex | None = None
+    ) -> TapContext:
+        """The outer context of `tensor`, whose `x` is the tensor as float32; `sample`: its shared sample index."""
+        return cls(b, _as_float(b, tensor, info.elem_type), info, options, sample=sample)
 
     def memo(self, key: str, make: Callable[[], str]) -> str:
         """`make()` the first time `key` is asked for at this level, the same tensor afterwards."""
@@ -105,7 +121,12 @@ class TapContext:
     def samples(self) -> str:
         """The elements at `sample_positions`: blocks of the flat tensor, gathered (contiguous)."""
         o = self.outer
-        return o.memo("samples", lambda: _block_samples(o.b, o.flat, o.size, o.options))
+
+        def make() -> str:
+            at = o.sample or sample_index(o.b, o.size, o.options)
+            return o.b.flat(o.b.op("Gather", [o.b.op("Reshape", [o.x, at.view]), at.idx], axis=0), "samples")
+
+        return o.memo("samples", make)
 
     @property
     def tensor(self) -> str:
@@ -289,8 +310,9 @@ def _as_float(b: Builder, x: str, elem_type: int) -> str:
     return b.cast(x, F)
 
 
-def _block_samples(b: Builder, flat: str, n: str, o: SketchOptions) -> str:
-    """The elements at `sample_positions` (sketch.histogram): rows of x viewed as [n/g, g], gathered.
+def sample_index(b: Builder, n: str, o: SketchOptions) -> SampleIndex:
+    """The block view and block indices of `sample_positions` (sketch.histogram) for n elements
+    (an int64 scalar): x viewed as [n/g, g], rows idx gathered.
 
     Integer arithmetic only, no Mod or integer Less, so it reads the same at every opset:
     16 divides n when (n / 16) * 16 == n, and k < rows (k <= rows always) when k != rows.
@@ -306,5 +328,5 @@ def _block_samples(b: Builder, flat: str, n: str, o: SketchOptions) -> str:
     frac = b.op("Sub", [u, b.op("Floor", [u])])
     at = b.op("Floor", [b.op("Mul", [frac, b.cast(rows, TensorProto.DOUBLE)])])
     idx = b.where(b.op("Not", [b.op("Equal", [k, rows])]), b.cast(at, i64), j, i64)
-    view = b.op("Reshape", [flat, b.op("Concat", [b.i64([-1]), b.op("Reshape", [g, b.i64([1])])], axis=0)])
-    return b.flat(b.op("Gather", [view, idx], axis=0), "samples")
+    view = b.op("Concat", [b.i64([-1]), b.op("Reshape", [g, b.i64([1])])], "sample_view", axis=0)
+    return SampleIndex(view, idx)

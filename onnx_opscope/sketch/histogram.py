@@ -44,6 +44,12 @@ def sample_positions(n: int, sample_size: int) -> np.ndarray:
     rows (the cheapest) follow the tensor's structure: total-variation distance to the exact
     histogram up to 0.21 on the real models, where spread blocks stay within ~0.1.
     """
+    g, j = sample_blocks(n, sample_size)
+    return (j[:, None] * g + np.arange(g, dtype=np.int64)[None, :]).ravel()
+
+
+def sample_blocks(n: int, sample_size: int) -> tuple[int, np.ndarray]:
+    """(g, the block indices) of `sample_positions`: what `context.sample_index` computes in the graph."""
     g = SAMPLE_BLOCK if n % SAMPLE_BLOCK == 0 else 1
     rows = n // g
     k = min(rows, -(-sample_size // g))
@@ -51,7 +57,12 @@ def sample_positions(n: int, sample_size: int) -> np.ndarray:
     if k < rows:  # else every block, in order
         u = j * GOLDEN
         j = np.floor((u - np.floor(u)) * np.float64(rows)).astype(np.int64)
-    return (j[:, None] * g + np.arange(g, dtype=np.int64)[None, :]).ravel()
+    return g, j
+
+
+def reads_samples(sketches: list[str], o: SketchOptions) -> bool:
+    """Whether a tap with these sketches gathers the sample (`TapContext.samples`)."""
+    return "elemsig" in sketches or ("hist" in sketches and o.hist_mode == "sampled")
 
 
 def hist_counts(values: np.ndarray, scale: float, o: SketchOptions) -> np.ndarray:

@@ -15,7 +15,7 @@ from onnx import TensorProto, helper
 
 from ..graph.build import Builder
 from .base import FINITE, OUTER, Sketch
-from .context import TapContext
+from .context import SampleIndex, TapContext
 from .histogram import index_dtype
 from .options import SketchOptions, TapInfo
 
@@ -37,9 +37,17 @@ def raw_rank(raw: str, sketches: list[Sketch]) -> int:
     return 0 if raw in CONTEXT_SCALARS or any(raw in sk.scalars for sk in sketches) else 1
 
 
-def build_tap(b: Builder, x: str, info: TapInfo, sketches: list[Sketch], o: SketchOptions) -> dict[str, str]:
-    """Append to `b` the nodes computing `sketches` of tensor `x`; returns raw name -> tensor name."""
-    outer = TapContext.for_tensor(b, x, info, o)
+def build_tap(
+    b: Builder,
+    x: str,
+    info: TapInfo,
+    sketches: list[Sketch],
+    o: SketchOptions,
+    sample: SampleIndex | None = None,
+) -> dict[str, str]:
+    """Append to `b` the nodes computing `sketches` of tensor `x`; returns raw name -> tensor name.
+    `sample`: a sample index shared with other taps of x's shape (else the tap computes its own)."""
+    outer = TapContext.for_tensor(b, x, info, o, sample)
     out = {"shape": outer.shape}
     for sk in sketches:
         if sk.stage == OUTER:
