@@ -699,7 +699,9 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--rows", help="row names to run, separated by ';' (default: all of the mode)")
     p.add_argument("--sketches-alone", action="store_true", help="add one row per registered sketch")
     p.add_argument("--skip-extras", action="store_true", help="leave out injection, analysis and FLOP totals")
-    p.add_argument("--profile", action="store_true", help="onnxruntime profile per op kind, then exit")
+    p.add_argument("--profile", nargs="?", const="default", metavar="SKETCHES",
+                   help="onnxruntime profile per op kind of the first model, then exit; SKETCHES: the set to tap "
+                   "with ('default', 'all' or comma-separated names; default: the default set)")  # fmt: skip
     p.add_argument("--contention", action="store_true",
                    help="run a fixed background load (one busy process) while measuring: a shared machine")  # fmt: skip
     p.add_argument("--big", metavar="GIB[,GIB]",
@@ -740,7 +742,8 @@ def main(argv: list[str] | None = None) -> int:
             if case is None:
                 _log("no model to profile")
                 return 1
-            print("\n".join(profile(case, s.batches)))
+            chosen = None if args.profile == "default" else args.profile.split(",")
+            print("\n".join(profile(case, s.batches, chosen)))
             return 0
         with background_load(args.contention):
             results = run_rows(cases, rows, s)
