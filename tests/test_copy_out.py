@@ -177,3 +177,21 @@ def test_copied_taps_in_if_branches(flag):
                                            equal_nan=True, err_msg=f"{t.tensor} {name}")  # fmt: skip
     assert any(copied[t.id][1] is None for t in in_branches)  # the branch not taken
     assert any(copied[t.id][1] is not None for t in in_branches)
+
+
+def test_batched_exact_dtypes_share_one_float32_concatenation():
+    """float16, int8, uint8 and bool tensors concatenate straight to float32 with float32 ones (every
+    value exact there); each sketch still equals its reference tensor by tensor."""
+    rng = np.random.default_rng(5)
+    arrays = [
+        (rng.standard_normal((3, 17)) * 300).astype(np.float16),
+        rng.integers(-128, 128, (4, 6)).astype(np.int8),
+        rng.integers(0, 256, 9).astype(np.uint8),
+        rng.integers(0, 2, (2, 5)).astype(bool),
+        rng.standard_normal(33).astype(np.float32),
+    ]
+    infos = [sk.TapInfo(a.ndim, TensorProto.FLOAT, 0, 0, None) for a in arrays]
+    opts = sk.SketchOptions()
+    got = sk.batched_references([NAMES] * len(arrays), arrays, infos, opts)
+    for a, g, info in zip(arrays, got, infos, strict=True):
+        assert_same(g, sk.references(NAMES, a, info, opts), f"{a.dtype}{a.shape}")
