@@ -586,7 +586,7 @@ def _raws(tap: TapRecord, outputs: dict[str, np.ndarray]) -> dict[str, np.ndarra
 def _stacked_raws(
     taps: list[TapRecord], idx: list[int], names: tuple[str, ...], outputs: dict, shapes: list
 ) -> dict | None:
-    """The raws `names` read, of the taps `idx`: scalars as [T] float64, samples as (values, counts);
+    """The raws `names` read, of the taps `idx`: scalars as [T] float64, samples as (values as made, counts);
     None when a scalar raw is not one value per tap."""
     need = {r for n in names for r in sk_batched.STACKED[n][0]}
     got: dict = {"numel": np.array([math.prod(shapes[i]) for i in idx], np.float64)}
@@ -594,9 +594,9 @@ def _stacked_raws(
         if any(raw not in taps[i].outputs for i in idx):
             return None
         arrays = [outputs[taps[i].outputs[raw]] for i in idx]
-        if raw == "samples":
+        if raw == "samples":  # float32 as the graph made them: the histogram bins them in float32
             flat = [np.asarray(a).ravel() for a in arrays]
-            got[raw] = (np.concatenate(flat).astype(np.float64), np.array([a.size for a in flat], np.int64))
+            got[raw] = (np.concatenate(flat), np.array([a.size for a in flat], np.int64))
             continue
         try:
             v = np.array(arrays, np.float64)

@@ -167,7 +167,7 @@ def _host_scale(r: dict[str, np.ndarray]) -> np.ndarray:
 def _hist(r: dict[str, np.ndarray], o: SketchOptions) -> Flat:
     samples, m = r["samples"]
     scale = _host_scale(r) if o.hist_range is None else None
-    x32 = samples.astype(np.float32)
+    x32 = samples.astype(np.float32, copy=False)
     counts = bin_segments(x32, m, scale, o, finite=bool(np.isfinite(x32).all()))
     return counts.ravel(), np.full(m.size, o.hist_bins, np.int64)
 
