@@ -8,7 +8,8 @@ numpy reference, and returns what `manifest.decode(..., host=...)` needs:
 
     tap id -> ({sketch: values}, shape)
 
-The model may be the source model or the instrumented one (it keeps every initializer).
+The model may be the source model or the instrumented one (it keeps every initializer). A tap
+on a tensor made from weights alone (`folded`) is evaluated here, once, from the weights it reads.
 Constant taps are found by their graph path (`TapRecord.graph`, the model index's paths) and
 tensor name, looking in that graph and then its enclosing ones; the nodes inject adds are all
 named, so the paths of the source and of the instrumented model are the same.
@@ -17,7 +18,7 @@ named, so the paths of the source and of the instrumented model are the same.
 from __future__ import annotations
 
 import os
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import asdict
 from pathlib import Path
 
@@ -30,7 +31,7 @@ from ..graph.chunks import chunkable, nbytes, numel, tensor_chunks
 from ..graph.index import Constant, ModelIndex
 from ..graph.io import ModelLike, model_and_data_dir, read_external_tensor
 from ..graph.proto import is_external
-from . import weight_cache
+from . import folded, weight_cache
 from .decode import HostValues
 from .manifest import Manifest, TapRecord
 
@@ -58,6 +59,11 @@ def host_values(
     index = ModelIndex(proto)
     out: HostValues = {}
     for tap in taps:
+        nodes = folded.chain(index, tap.graph, tap.tensor)
+        if nodes is not None:  # made from weights alone: evaluated once, here
+            x = folded.evaluate(nodes, tap.tensor, _leaf_of(index, tap, base_dir), list(proto.opset_import))
+            out[tap.id] = (sk.references(tap.sketches, x, tap.info(), opts), [int(d) for d in x.shape])
+            continue
         src = _find(index, tap)
         if not tap.sketches and isinstance(src, TensorProto):
             out[tap.id] = ({}, [int(d) for d in src.dims])
@@ -138,6 +144,13 @@ def _find(index: ModelIndex, tap: TapRecord) -> Constant:
         f"weight {tap.tensor!r} (tap {tap.id}, {where}) is not an initializer or Constant of this model",
         hint="compute host values from the model the manifest was made from (or its instrumented copy)",
     )
+
+
+def _leaf_of(
+    index: ModelIndex, tap: TapRecord, base_dir: str | os.PathLike | None
+) -> Callable[[str], np.ndarray]:
+    """The value of a constant that a folded tap's chain reads, looked up from the tap's graph."""
+    return lambda name: _array(_find(index, TapRecord(**{**vars(tap), "tensor": name})), tap, base_dir)
 
 
 def _dequantized(

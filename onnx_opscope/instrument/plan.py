@@ -4,8 +4,9 @@ A tensor feeding several sites (Q, K and V projections) is tapped once, with the
 the sketches its sites need: a gemm site gets the user's sketches, an attn / route /
 residual site its kind's own (`sites.KIND_SKETCHES`) unless the user named some of them.
 A role left out by the selection keeps a shape-only tap, so the site's M, K, N are still
-known. A tap on a weight (an initializer or a Constant output, outer scopes included) is a
-`constant` tap: it gets no nodes, its sketches are taken on the host (`host.host_values`).
+known. A tap on a weight (an initializer or a Constant output, outer scopes included, or a tensor
+made from those alone: `folded`) is a `constant` tap: it gets no nodes, its sketches are taken on
+the host (`host.host_values`).
 A tap that reads a quantized tensor through a DequantizeLinear (`sites.qdq`) is its own tap,
 typed as the float the DQ makes.
 """
@@ -20,6 +21,7 @@ from .. import sketch as sk
 from ..graph.index import ModelIndex
 from ..shapes import ShapeTable, TensorType
 from ..sites import KIND_SKETCHES, SHADOW_SUFFIX, Dequant, Site
+from . import folded
 from .manifest import SiteRecord, TapRecord
 
 SHADOW_TYPE = TensorType(TensorProto.FLOAT, 4, None)  # a shadow softmax: [B, heads, S, T] float32
@@ -84,7 +86,8 @@ def plan_taps(
                     channel_axis=tap.channel_axis,
                     seq_axis=tap.seq_axis,
                     numel=ti.numel if ti else None,
-                    constant=index.is_constant(site.graph, tap.tensor),
+                    constant=index.is_constant(site.graph, tap.tensor)
+                    or (tap.dequant is None and folded.chain(index, site.graph, tap.tensor) is not None),
                     stacked=0,
                     sketches=[] if only_shape else sk.applicable(own, info),
                     outputs={},
