@@ -97,3 +97,20 @@ def test_silero_lstm_weights_are_folded():
     assert len(ran) == 2  # W and R of the one LSTM whose branches ran
     values = tensor_values(inline_taken_ifs(model, feeds), sorted({t.tensor for t in ran}), feeds)
     assert check_taps(ran, outs, values, OPTS, host) == sum(len(t.sketches) for t in ran)
+
+
+def test_a_chain_over_the_weight_budget_stays_in_the_graph(monkeypatch):
+    """The host would hold the chain's weights while evaluating it: above MAX_LEAF_BYTES the tap keeps
+    its nodes (and still equals its reference)."""
+    from onnx_opscope.instrument import folded
+
+    model = weight_layouts_model()
+    assert chain(ModelIndex(model), "", "w32") is not None
+    monkeypatch.setattr(folded, "MAX_LEAF_BYTES", 6 * 8 * 2 - 1)  # W is 6 x 8 float16: 96 bytes
+    assert chain(ModelIndex(model), "", "w32") is None
+    inst, manifest = inject(model, Selection(op_types=("MatMul",)), None, OPTS)
+    tap = next(t for t in manifest.taps if t.tensor == "w32")
+    assert not tap.constant and tap.outputs
+    feeds = {"x": np.random.default_rng(1).standard_normal((2, 8)).astype(np.float32)}
+    values = tensor_values(model, ["w32"], feeds)
+    assert check_taps([tap], run_all(inst, feeds), values, OPTS) == len(tap.sketches)

@@ -8,8 +8,8 @@ instead of once per batch.
 
 A tensor is folded when nodes of its own graph make it from constants alone (initializers and
 Constant nodes visible there, outer scopes included), through side-effect-free ops of the
-default domain (`FOLDABLE`), at most `MAX_NODES` of them. The host evaluates that chain with
-onnx's reference evaluator, on the constants it reads.
+default domain (`FOLDABLE`), at most `MAX_NODES` of them, reading at most `MAX_LEAF_BYTES` of
+weights. The host evaluates that chain with onnx's reference evaluator, on the constants it reads.
 """
 
 from __future__ import annotations
@@ -17,10 +17,12 @@ from __future__ import annotations
 from collections.abc import Callable
 
 import numpy as np
-from onnx import NodeProto, OperatorSetIdProto, TypeProto, helper, numpy_helper
+from onnx import NodeProto, OperatorSetIdProto, TensorProto, TypeProto, helper, numpy_helper
 from onnx.reference import ReferenceEvaluator
 
+from ..graph.chunks import nbytes
 from ..graph.index import ModelIndex
+from ..graph.proto import constant_value
 
 FOLDABLE = frozenset(
     {
@@ -29,6 +31,10 @@ FOLDABLE = frozenset(
     }
 )  # fmt: skip
 MAX_NODES = 16  # a longer chain is not a weight's layout change: leave it to the graph
+# The host holds the chain's weights and what it makes while evaluating it: above this the tap stays
+# in the graph (where onnxruntime folds it at session creation), so a model of many GB never needs a
+# second copy of a big weight in the recording process.
+MAX_LEAF_BYTES = 256 * 2**20
 
 
 def chain(index: ModelIndex, graph: str, tensor: str) -> list[NodeProto] | None:
@@ -38,13 +44,18 @@ def chain(index: ModelIndex, graph: str, tensor: str) -> list[NodeProto] | None:
         return None
     entry = index[graph]
     nodes: dict[int, NodeProto] = {}
-    todo, seen = [tensor], set()
+    todo, seen, leaf_bytes = [tensor], set(), 0
     while todo:
         name = todo.pop()
         if not name or name in seen:
             continue
         seen.add(name)
-        if index.is_constant(graph, name):
+        hit = index.constant(graph, name)
+        if hit is not None:
+            t = hit if isinstance(hit, TensorProto) else constant_value(hit)
+            leaf_bytes += nbytes(t) if t is not None else 0
+            if leaf_bytes > MAX_LEAF_BYTES:
+                return None
             continue
         pos = entry.producer_index(name)
         if pos is None:  # a graph input, or a tensor of an enclosing graph
