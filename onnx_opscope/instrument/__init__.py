@@ -3,6 +3,8 @@
 - `plan`: sites x sketches -> one tap per tensor;
 - `inject`: the pipeline plan -> build -> expose -> splice -> manifest (`inject`, `inject_file`);
 - `templates`: tap subgraphs built once per signature and copied by renaming their bytes;
+- `samples`: one sample index for all the taps of one shape, not one per tap;
+- `folded`: tensors made from weights alone, tapped as weights;
 - `shadow`: the softmax a fused attention op keeps inside its kernel, rebuilt next to it;
 - `manifest`: what every extra output means (saved as JSON beside the model);
 - `decode` and `rows`: outputs -> sketch values -> tidy rows (Arrow);

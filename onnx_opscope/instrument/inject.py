@@ -7,8 +7,9 @@ extra graph outputs after the original ones, whose names and order do not change
 1. `_prepare`: check and load the model, infer shapes once on a weightless copy
    (`graph.io.without_weight_data`), index it, find and select the sites;
 2. `plan.plan_taps`: one tap per tensor with the union of its sites' sketches;
-3. `build`: each live tap's nodes (`sketch.build_tap`, through `templates`), shadow softmaxes
-   of fused attention ops (`shadow`), and where they go in their graph;
+3. `build`: each live tap's nodes (`sketch.build_tap`, through `templates`), one sample index
+   per tensor shape that the taps share (`samples`), shadow softmaxes of fused attention ops
+   (`shadow`), and where they go in their graph;
 4. `expose_all`: every raw output carried up to the model's outputs through If branches and
    Loop / Scan bodies (`graph.expose`);
 5. `splice_all`: the nodes inserted, deepest graphs first (`graph.wire.splice`);
