@@ -742,8 +742,7 @@ def main(argv: list[str] | None = None) -> int:
             if case is None:
                 _log("no model to profile")
                 return 1
-            chosen = None if args.profile == "default" else args.profile.split(",")
-            print("\n".join(profile(case, s.batches, chosen)))
+            print("\n".join(profile(case, s.batches, args.profile.split(","))))
             return 0
         with background_load(args.contention):
             results = run_rows(cases, rows, s)

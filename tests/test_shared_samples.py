@@ -14,9 +14,8 @@ from test_sketches import check_taps, real_feeds, run_all, tapped_names, tensor_
 from onnx_opscope import sketch as sk
 from onnx_opscope.graph.io import load_model
 from onnx_opscope.instrument import inject
-from onnx_opscope.instrument.samples import numel
 from onnx_opscope.shapes import infer_shapes
-from onnx_opscope.shapes.symbolic import Poly
+from onnx_opscope.shapes.symbolic import Poly, prod
 
 SAMPLED = ["hist", "elemsig", "min", "max"]
 OPTS = sk.SketchOptions(copy_out_max=0, sample_size=256)  # 256: most of these tensors are sampled, not whole
@@ -34,7 +33,7 @@ def test_det_taps_share_one_index_per_shape(sizes):
     inst, manifest = inject(model, None, SAMPLED, OPTS)
     live = [t for t in manifest.taps if not t.constant and t.graph == ""]
     table = infer_shapes(model)
-    shapes = {numel(table.shape(t.tensor)) for t in live}
+    shapes = {prod(table.shape(t.tensor)) for t in live}
     assert None not in shapes and all(isinstance(n, Poly) for n in shapes)
     assert len(shapes) < len(live) / 3  # the sharing is worth something here
     assert opscope_ops(inst)["Range"] == len(shapes)

@@ -289,13 +289,10 @@ class _Plan:
         self.const = [i for i, t in enumerate(taps) if t.constant]
         self.branch_taps = [(i, t.graph) for i, t in enumerate(taps) if t.graph and not t.constant]
         self.wanted = {n for i in self.copied for n in taps[i].sketches}
-        # per copied tap, what a batch reads: (tap index, its tensor's output, its ran-marker output or None,
-        # the sketches with no segmented form): ~2 µs of Python a tap and batch less on 256 tiny taps
-        self.copied_reads = [
-            (i, taps[i].outputs["tensor"], taps[i].outputs.get("shape"),
-             [n for n in taps[i].sketches if n not in sk_batched.SEGMENTED])
-            for i in self.copied
-        ]  # fmt: skip
+        # per copied tap, its sketches with no segmented form: listed once, not every batch (~2 µs a tap)
+        self.unsegmented = {
+            i: [n for n in taps[i].sketches if n not in sk_batched.SEGMENTED] for i in self.copied
+        }
         fast = sk_batched.stacked_names(o)
         by_names: dict[tuple[str, ...], list[int]] = {}  # in-graph taps with the same fast sketches
         for j, i in enumerate(self.in_graph):
@@ -360,18 +357,21 @@ class _Plan:
     def _copied(self, outputs, shapes, groups, pieces, one) -> None:
         """The copied taps that ran: the small ones' segmented sketches together, the rest one by one."""
         taps, o = self.taps, self.opts
-        reads = [r for r in self.copied_reads if r[2] is None or np.asarray(outputs[r[2]]).size]  # ran
-        got = [np.asarray(outputs[r[1]]) for r in reads]
         small, arrays = [], []
-        for (i, _, _, rest), a in zip(reads, got):
+        for i in self.copied:
+            t = taps[i]
+            if not _copied_ran(t, outputs):
+                continue
+            a = np.asarray(outputs[t.outputs["tensor"]])
             shapes[i] = a.shape
             if 0 < a.size <= o.sample_size:
                 small.append(i)
                 arrays.append(a)
+                rest = self.unsegmented[i]
             else:
-                rest = taps[i].sketches
+                rest = t.sketches
             if rest:
-                one(i, sk.references(rest, a, taps[i].info(), o))
+                one(i, sk.references(rest, a, t.info(), o))
         if small:
             for stat, (values, counts) in sk_batched.segmented_flat(arrays, self.wanted, o).items():
                 groups.append((stat, small, counts))

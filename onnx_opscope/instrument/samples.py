@@ -1,11 +1,11 @@
-"""Sample indices shared by the taps of one shape: made once per (graph, shape), not once per tap.
+"""Sample indices shared by the taps of one size: made once per (graph, element count), not once per tap.
 
 The sampled histogram and elemsig gather blocks of a tensor at positions that depend on its
 element count alone (`sketch.sample_index`: ~20 scalar nodes, ~1 µs each on CPU however
 small the tensor, two thirds of a default tap's nodes). Taps whose tensors have the same
-shape in the shape table (symbols included: ppocrv4_det's 137 taps have 31 shapes) share one
-index: constants when the shape is static, else one set of nodes reading the Size of the
-first of those tensors, placed before the first of their taps.
+element count in the shape table (a product of dims, symbols included: ppocrv4_det's 137 taps
+have 31 shapes) share one index: constants when the count is static, else one set of nodes
+reading the Size of the first of those tensors, placed before the first of their taps.
 
 This trusts the shape table as the rest of `inject` does (sites, copy-out, costs): a tensor
 whose runtime shape differed from its inferred one would read another tensor's positions.
@@ -22,7 +22,7 @@ from .. import sketch as sk
 from ..graph.build import Builder, Constants
 from ..graph.index import Names
 from ..shapes import ShapeTable
-from ..shapes.symbolic import Dimlike, Poly
+from ..shapes.symbolic import Dimlike, prod
 from ..sites import SHADOW_SUFFIX
 from .manifest import TapRecord
 
@@ -46,7 +46,8 @@ def shared_sample_indices(
             continue
         if not sk.reads_samples(tap.sketches, options):
             continue
-        n = numel(table.shape(tap.tensor))
+        shape = table.shape(tap.tensor)
+        n = None if shape is None else prod(shape)
         if n is not None:
             groups.setdefault((tap.graph, n), []).append(entry)
     shared: dict[int, sk.SampleIndex] = {}
@@ -64,14 +65,3 @@ def shared_sample_indices(
             nodes.setdefault(graph, {}).setdefault(pos, []).extend(b.nodes)
         shared.update((k, index) for k, _, _ in members)
     return shared, nodes
-
-
-def numel(shape: tuple | None) -> Dimlike | None:
-    """The element count of a shape whose dims are all known (ints or polynomials in the input
-    symbols); None when the rank or any dim is unknown."""
-    if shape is None or any(d is None for d in shape):
-        return None
-    total: Dimlike = 1
-    for d in shape:
-        total = d * total if isinstance(d, Poly) else total * d
-    return total
