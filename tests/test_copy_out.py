@@ -195,3 +195,86 @@ def test_batched_exact_dtypes_share_one_float32_concatenation():
     got = sk.batched_references([NAMES] * len(arrays), arrays, infos, opts)
     for a, g, info in zip(arrays, got, infos, strict=True):
         assert_same(g, sk.references(NAMES, a, info, opts), f"{a.dtype}{a.shape}")
+
+
+W = np.random.default_rng(9).standard_normal((8, 8)).astype(np.float32)
+
+
+def rank_by_batch_model() -> onnx.ModelProto:
+    """y = Relu(If(Shape(x)[0] == 1, Squeeze(x, 0), Unsqueeze(x, 0)) @ W) + 2: the If's branches disagree
+    on the rank; the input shape alone decides it."""
+    from onnx import helper, numpy_helper
+
+    h = helper
+    then_g = h.make_graph([h.make_node("Squeeze", ["x", "zero"], ["sq"])], "then", [],
+                          [h.make_tensor_value_info("sq", TensorProto.FLOAT, None)])  # fmt: skip
+    else_g = h.make_graph([h.make_node("Unsqueeze", ["x", "zero"], ["same"])], "else", [],
+                          [h.make_tensor_value_info("same", TensorProto.FLOAT, None)])  # fmt: skip
+    nodes = [
+        h.make_node("Shape", ["x"], ["s"]),
+        h.make_node("Gather", ["s", "zero_s"], ["b"], axis=0),
+        h.make_node("Equal", ["b", "one"], ["is1"]),
+        h.make_node("If", ["is1"], ["picked"], then_branch=then_g, else_branch=else_g),
+        h.make_node("MatMul", ["picked", "w"], ["m"]),
+        h.make_node("Relu", ["m"], ["r"]),
+        h.make_node("Add", ["r", "two"], ["y"]),
+    ]
+    inits = [
+        numpy_helper.from_array(np.array([0], np.int64), "zero"),
+        numpy_helper.from_array(np.array(0, np.int64), "zero_s"),
+        numpy_helper.from_array(np.array(1, np.int64), "one"),
+        numpy_helper.from_array(np.array(2.0, np.float32), "two"),
+        numpy_helper.from_array(W, "w"),
+    ]
+    g = h.make_graph(nodes, "rank_by_batch", [h.make_tensor_value_info("x", TensorProto.FLOAT, ["n", 8])],
+                     [h.make_tensor_value_info("y", TensorProto.FLOAT, None)], inits)  # fmt: skip
+    return h.make_model(g, opset_imports=[h.make_opsetid("", 17)])
+
+
+@pytest.mark.parametrize("batch", [1, 3])
+def test_copied_tensor_whose_rank_follows_the_batch(batch):
+    """The MatMul's output is rank 1 at batch 1 and rank 3 otherwise: copied at the first batch's shape,
+    it equals numpy at that batch and at one whose If takes the other branch (the output's declared
+    rank is whatever inference said; onnxruntime returns the tensor as it is)."""
+    model = rank_by_batch_model()
+    inst, manifest = inject(model, None, None, input_shapes={"x": [batch, 8]})
+    tap = next(t for t in manifest.taps if t.tensor == "m")
+    assert tap.copied
+    sess = make_session(inst, RuntimeConfig(graph_opt="all"))
+    for n in (batch, 4 - batch):  # the first shape, then one whose If takes the other branch
+        x = np.random.default_rng(n).standard_normal((n, 8)).astype(np.float32)
+        outs = dict(zip([o.name for o in sess.get_outputs()], sess.run(None, {"x": x})))
+        m = (x[0] if n == 1 else x[None]) @ W
+        values, shape = decode_taps(manifest, outs, host_values(manifest, model))[tap.id]
+        assert shape == list(m.shape)
+        assert_same(values, sk.references(tap.sketches, m, tap.info(), manifest.sketch_options()), f"n={n}")
+
+
+def test_silero_decoder_taps_are_copied_at_the_recorded_shapes():
+    """silero_vad_v6's decoder LSTM and its head sit behind Ifs decided by the state's and the encoder's
+    shapes: at the recorded input shapes every activation of the 16 kHz branch is copied out, and the
+    taps of the branches that ran equal numpy on the tensors the model made."""
+    from test_sketches import check_taps, inline_taken_ifs, run_all, tensor_values
+
+    from onnx_opscope.sites import Selection
+
+    path = real_model_path("silero_vad_v6")
+    model = onnx.load(path)
+    shapes = {"input": [1, 512], "state": [2, 1, 128], "sr": []}
+    inst, manifest = inject(path, Selection(op_types=("Conv", "LSTM")), None, input_shapes=shapes)
+    taken = [t for t in manifest.taps if t.graph.startswith("If_0/then_branch") and not t.constant]
+    assert any(t.tensor.endswith("decoder/rnn/LSTM_output_0") for t in taken)
+    assert any(t.rank is None for t in taken) and all(t.copied for t in taken)
+    feeds = {
+        "input": np.random.default_rng(0).uniform(-0.5, 0.5, (1, 512)).astype(np.float32),
+        "state": np.zeros((2, 1, 128), np.float32),
+        "sr": np.array(16000, np.int64),
+    }
+    outs = run_all(inst, feeds)
+    host = host_values(manifest, model)
+    decoded = decode_taps(manifest, outs, host)
+    ran = [t for t in manifest.taps if decoded[t.id][1] is not None and not t.constant]
+    assert {t.id for t in ran} <= {t.id for t in taken} and len(ran) >= 12
+    values = tensor_values(inline_taken_ifs(model, feeds), sorted({t.tensor for t in ran}), feeds)
+    opts = manifest.sketch_options()
+    assert check_taps(ran, outs, values, opts, host) == sum(len(t.sketches) for t in ran)

@@ -1,8 +1,9 @@
 """Make a tensor of any graph an output of the model: through If branches and Loop / Scan bodies.
 
 A tensor inside an `If` branch becomes an output of that branch; the other branch returns an
-empty tensor of the same type and rank (rank 0: NaN for floats, 0 otherwise), which decodes
-as "did not run"; and a new output of the `If` node. A tensor inside a `Loop` or `Scan` body
+empty tensor of the same type and rank (rank 0: NaN for floats, 0 otherwise; of shape [0] when
+the rank is unknown, and the outputs then declare none), which decodes as "did not run"; and a
+new output of the `If` node. A tensor inside a `Loop` or `Scan` body
 becomes a new scan output, so its values come back once per iteration, stacked on a new
 leading axis. Nested graphs repeat this up to the main graph, where it is appended after the
 model's own outputs (whose names and order do not change).
@@ -26,27 +27,34 @@ from .proto import DEFAULT_DOMAINS
 
 
 @functools.cache
-def _tensor_type(elem: int, rank: int) -> TypeProto:
-    return helper.make_tensor_type_proto(elem, [None] * rank)
+def _tensor_type(elem: int, rank: int | None) -> TypeProto:
+    return helper.make_tensor_type_proto(elem, None if rank is None else [None] * rank)
 
 
-def add_output(graph: GraphProto, name: str, elem: int, rank: int) -> None:
-    """Append output `name` of element type `elem` and `rank` unknown dims (a big model gets 300k+)."""
+def add_output(graph: GraphProto, name: str, elem: int, rank: int | None) -> None:
+    """Append output `name` of element type `elem` and `rank` unknown dims (a big model gets 300k+);
+    rank None: no shape at all."""
     vi = graph.output.add()
     vi.name = name
     vi.type.CopyFrom(_tensor_type(elem, rank))
 
 
-def expose(index: ModelIndex, path: str, name: str, elem: int, rank: int, names: Names) -> tuple[str, int]:
-    """Carry tensor `name` of the graph at `path` up to the main graph's outputs.
+def expose(
+    index: ModelIndex, path: str, name: str, elem: int, rank: int | None, names: Names
+) -> tuple[str, int]:
+    """Carry tensor `name` of the graph at `path` up to the main graph's outputs (`rank` None: unknown).
 
     Returns (its name as a main-graph output, how many Loop/Scan levels stacked it: the output
     has that many extra leading axes).
     """
     stacked = 0
+
+    def ranked() -> int | None:
+        return None if rank is None else rank + stacked
+
     while path:
         entry = index[path]
-        add_output(entry.graph, name, elem, rank + stacked)
+        add_output(entry.graph, name, elem, ranked())
         owner = entry.owner
         if not entry.carried or owner is None:
             raise OpscopeError(
@@ -56,8 +64,8 @@ def expose(index: ModelIndex, path: str, name: str, elem: int, rank: int, names:
             other_attr = "else_branch" if entry.attr == "then_branch" else "then_branch"
             other = next(a.g for a in owner.attribute if a.name == other_attr)
             dummy = names.fresh("opscope_x_not_run")
-            other.node.extend(_not_run(dummy, elem, rank + stacked, owner.input[0], _opset(index), names))
-            add_output(other, dummy, elem, rank + stacked)
+            other.node.extend(_not_run(dummy, elem, ranked(), owner.input[0], _opset(index), names))
+            add_output(other, dummy, elem, ranked())
         else:  # Loop or Scan: a scan output
             stacked += 1
             if owner.op_type == "Scan":
@@ -67,7 +75,7 @@ def expose(index: ModelIndex, path: str, name: str, elem: int, rank: int, names:
         new = names.fresh("opscope_x_" + name.split("/")[-1] + "_up")
         owner.output.append(new)
         name, path = new, entry.parent
-    add_output(index.main.graph, name, elem, rank + stacked)
+    add_output(index.main.graph, name, elem, ranked())
     return name, stacked
 
 
@@ -78,8 +86,11 @@ def _opset(index: ModelIndex) -> int | None:
     return next((o.version for o in index.model.opset_import if o.domain in DEFAULT_DOMAINS), None)
 
 
-def _not_run(name: str, elem: int, rank: int, cond: str, opset: int | None, names: Names) -> list[NodeProto]:
-    """Nodes making `name`, what the branch not taken returns: an empty tensor (rank 0: NaN, or 0).
+def _not_run(
+    name: str, elem: int, rank: int | None, cond: str, opset: int | None, names: Names
+) -> list[NodeProto]:
+    """Nodes making `name`, what the branch not taken returns: an empty tensor (rank 0: NaN, or 0;
+    rank None: shape [0]).
 
     Before opset 9 a Constant holds floats only: another type is cast from float. Before opset
     11, If wants the shapes its branches' outputs are known to have to agree (onnxruntime folds
@@ -87,6 +98,7 @@ def _not_run(name: str, elem: int, rank: int, cond: str, opset: int | None, name
     condition `cond`, a value known only at run time: its dims are then unknown to inference.
     """
     dtype = helper.tensor_dtype_to_np_dtype(elem)
+    rank = 1 if rank is None else rank
     empty = (
         np.full((), np.nan if dtype.kind == "f" else 0, dtype) if rank == 0 else np.zeros([0] * rank, dtype)
     )

@@ -127,7 +127,8 @@ def inject(
     if converts_s8_to_u8(providers):
         unsigned_pairs(target.index, taps, target.constants)
     if options.copy_out_max:
-        mark_copied(taps, target.table, options.copy_out_max, _shapes_of(input_shapes, target), target.index)
+        shapes = _shapes_of(input_shapes, target)
+        mark_copied(taps, target.table, options.copy_out_max, shapes, target.index, target.light)
     inserts = build(target, taps, options, placement)
     expose_all(target, taps, options)
     splice_all(target.index, inserts)
@@ -207,25 +208,50 @@ def mark_copied(
     limit: int,
     input_shapes: Mapping[str, Sequence[int]],
     index: ModelIndex,
+    light: ModelProto | None = None,
 ) -> None:
     """Mark the taps copied out whole: activations (no weight, no QDQ read, no shadow softmax) of the
     main graph or of If branches (not Loop / Scan bodies, whose outputs stack) of at most `limit`
-    elements at `input_shapes`, every sketch of which has a reference."""
+    elements at `input_shapes`, every sketch of which has a reference.
+
+    A tensor whose size the symbolic table leaves open (behind an `If` whose branches disagree on
+    its shape, decided by the input shapes alone) is sized by inferring `light`'s shapes once more
+    with the inputs fixed at `input_shapes`: silero_vad_v6's decoder LSTM sits behind two such Ifs.
+    A later batch of other shapes may take the other branch; the tensor is still copied and
+    sketched right, only perhaps bigger than `limit`.
+    """
     where = (re.fullmatch(r"(.*)\[(\d+)\]", w) for w in table.symbols.values())
     values = {}
     for sym, m in zip(table.symbols, where):
         shape = input_shapes.get(m.group(1)) if m else None
         if shape is not None and int(m.group(2)) < len(shape):
             values[sym] = int(shape[int(m.group(2))])
+    concrete: list[ShapeTable | None] = []  # inferred at the first tap that needs it
+
+    def at_inputs(tensor: str) -> int | None:
+        if not concrete:
+            concrete.append(_concrete_table(light, input_shapes))
+        return _numel_at(concrete[0].shape(tensor), {}) if concrete[0] else None
+
     for tap in taps:
         if (
             tap.constant or not _in_if_branches(index, tap.graph) or tap.dequant is not None or not tap.sketches
-            or tap.rank is None
             or tap.tensor.endswith(SHADOW_SUFFIX) or any(sk.REGISTRY[n].reference is None for n in tap.sketches)
         ):  # fmt: skip
             continue
         numel = tap.numel if tap.numel is not None else _numel_at(table.shape(tap.tensor), values)
+        if numel is None and light is not None and input_shapes:
+            numel = at_inputs(tap.tensor)
         tap.copied = numel is not None and numel <= limit
+
+
+def _concrete_table(light: ModelProto | None, input_shapes: Mapping[str, Sequence[int]]) -> ShapeTable | None:
+    """`light`'s shapes with its inputs fixed at `input_shapes` (onnx's inference and the per-node rules,
+    which decide If conditions made from shapes); None when those shapes do not fit the model."""
+    try:
+        return infer_shapes(light, shapes=input_shapes, symbolic=False)
+    except OpscopeError:
+        return None
 
 
 def _in_if_branches(index: ModelIndex, path: str) -> bool:
