@@ -29,6 +29,7 @@ from __future__ import annotations
 import argparse
 import contextlib
 import inspect
+import itertools
 import json
 import os
 import platform
@@ -41,6 +42,7 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass, field, replace
 from datetime import datetime, timezone
+from functools import partial
 from pathlib import Path
 from typing import Any
 
@@ -172,13 +174,14 @@ def run_plain(job: dict) -> dict:
 
 def run_opscope(job: dict) -> dict:
     """What `record` does per batch on the provider: inject as it injects for those providers, run,
-    decode the tap outputs into Arrow rows on the pipeline thread (overlapping the next run).
+    decode the tap outputs into a table part on the pipeline thread (overlapping the next run; batches
+    that pile up go as one group, as in `record`).
 
     With IOBinding the model's own outputs stay on the device and only the tap outputs are fetched
     (bound to CPU memory, copied off the reused buffers before the next run overwrites them).
     """
-    from onnx_opscope.instrument import decode, host_values, inject
-    from onnx_opscope.run.recorder import BatchPipeline
+    from onnx_opscope.instrument import host_values, inject
+    from onnx_opscope.run.recorder import BatchDecoder, BatchPipeline, decode_group
     from onnx_opscope.run.session import RuntimeConfig, for_tapped, make_session
     from onnx_opscope.sites import Selection
     from onnx_opscope.sketch import SketchOptions, for_providers
@@ -200,7 +203,9 @@ def run_opscope(job: dict) -> dict:
     config = for_tapped(RuntimeConfig(providers=providers, threads=job["threads"]))
     sess = make_session(model, config, base_dir=str(Path(job["model"]).parent), take_weights=True)
     del model
-    pipeline = BatchPipeline(lambda step, outputs: decode(manifest, outputs, host).to_arrow())
+    decoder = BatchDecoder(manifest, host, ("bench", "cpu", "uniform"), "parquet")
+    pipeline = BatchPipeline(partial(decode_group, decoder))  # what `record` does with a group, but the write
+    steps = itertools.count()
     original = set(manifest.original_outputs)
     rebound = 0
     if job["iobinding"]:
@@ -209,13 +214,13 @@ def run_opscope(job: dict) -> dict:
 
         def step(inputs: dict) -> None:
             got = run_bound(inputs)
-            pipeline.submit(0, {n: host_array(v) for n, v in zip(names, got) if n in taps})
+            pipeline.submit(next(steps), {n: host_array(v) for n, v in zip(names, got) if n in taps})
 
     else:
         names = [o.name for o in sess.get_outputs()]
 
         def step(inputs: dict) -> None:
-            pipeline.submit(0, dict(zip(names, sess.run(None, inputs))))
+            pipeline.submit(next(steps), dict(zip(names, sess.run(None, inputs))))
 
         feeds: list = batches
     times = peers.timed(step, feeds, job["warmup"])

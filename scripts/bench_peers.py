@@ -9,12 +9,14 @@ function that measures them: none of them is needed by onnx-opscope or its tests
 
 from __future__ import annotations
 
+import itertools
 import json
 import os
 import resource
 import tempfile
 import time
 from collections.abc import Callable
+from functools import partial
 from pathlib import Path
 from typing import Any
 
@@ -168,10 +170,11 @@ def run_plain(job: dict, graph_opt: str) -> dict:
 
 def run_opscope(job: dict, sketches: list[str] | None, hist_mode: str, decode_rows: bool = True) -> dict:
     """What `record` does per batch, on the session it makes: run (all outputs), then decode the
-    sketches into an Arrow table on its pipeline thread, overlapping the next run
+    sketches into a table part (Parquet bytes, as `record` writes them) on its pipeline thread,
+    overlapping the next run; batches that pile up meanwhile go as one group, as in `record`
     (`decode_rows=False` leaves the decoding out, to show what it costs)."""
-    from onnx_opscope.instrument import decode, host_values, inject
-    from onnx_opscope.run.recorder import BatchPipeline
+    from onnx_opscope.instrument import host_values, inject
+    from onnx_opscope.run.recorder import BatchDecoder, BatchPipeline, decode_group
     from onnx_opscope.run.session import RuntimeConfig, for_tapped, make_session
     from onnx_opscope.sites import Selection
     from onnx_opscope.sketch import SketchOptions, for_providers
@@ -191,12 +194,14 @@ def run_opscope(job: dict, sketches: list[str] | None, hist_mode: str, decode_ro
     )  # as `record` does
     del model
     names = [o.name for o in sess.get_outputs()]
-    pipeline = BatchPipeline(lambda step, outputs: decode(manifest, outputs, host).to_arrow())
+    decoder = BatchDecoder(manifest, host, ("bench", "cpu", "uniform"), "parquet")
+    pipeline = BatchPipeline(partial(decode_group, decoder))  # what `record` does with a group, but the write
+    steps = itertools.count()
 
     def step(feeds: Feeds) -> None:
         outputs = dict(zip(names, sess.run(None, feeds)))
         if decode_rows:
-            pipeline.submit(0, outputs)
+            pipeline.submit(next(steps), outputs)
 
     times = timed(step, batches, job["warmup"])
     t0 = time.perf_counter()

@@ -195,8 +195,10 @@ def test_the_sidecar_is_atomic_kept_by_a_failed_run_and_absent_without_online(tm
     with pytest.raises(RuntimeError):
         onnx_opscope.record(MODEL, out=out, feeds=FeedSpec(data=data), online=True, progress=stop)
     entries, meta = online.load_sketches(sidecar)
-    assert meta["interrupted"] is True and meta["batches"] == 3
-    assert {e["sketch"].n for e in entries if e["stat"] == "kll"} <= {3 * 256, 3 * 16, 3 * 64, 3 * 128}
+    # the third batch may have been written in one part with the next ones: they are all kept
+    kept = len(set(read_table(out, ["step"]).column("step").to_pylist()))
+    assert meta["interrupted"] is True and meta["batches"] == kept and 3 <= kept <= 6
+    assert {e["sketch"].n for e in entries if e["stat"] == "kll"} <= {kept * n for n in (256, 16, 64, 128)}
     assert not [p for p in tmp_path.iterdir() if p.name.endswith(".tmp")]  # written under a temporary name
     assert json.loads(sidecar.read_text())["format"] == online.FORMAT
 

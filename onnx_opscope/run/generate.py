@@ -29,6 +29,7 @@ from pathlib import Path
 
 import numpy as np
 import onnxruntime as ort
+import pyarrow as pa
 from onnx import ModelProto
 
 from .. import sketch as sk
@@ -37,7 +38,7 @@ from ..errors import OpscopeError, listing
 from ..files import check_writable
 from ..graph.chunks import weight_bytes
 from ..graph.io import ModelLike, file_sha256, load_model
-from ..instrument import HostValues, Manifest, decode, host_values, inject, sites_of
+from ..instrument import HostValues, Manifest, Rows, decode, host_values, inject, sites_of
 from ..instrument.rows import arrow_int64, arrow_strings
 from ..sites import Selection, Site
 from ..sites.kv import cache_views, without_cache_views
@@ -50,13 +51,13 @@ from .recorder import (
     _parity_gate,
     _providers_quietly,
     _Sink,
-    _site_dims,
+    decode_group,
     in_place_if_big,
 )
 from .recorder import default_parity_tolerance as _default_tol
 from .session import RuntimeConfig, for_tapped, make_session, session_signature
 from .session import _one_line as one_line
-from .table import TableWriter, batch_table, encode_part, format_of, is_table_folder, sidecar_paths
+from .table import TableWriter, batch_table, format_of, is_table_folder, sidecar_paths
 
 PHASES = ("prefill", "decode")
 # metadata_props that bound a sequence (scripts/make_decoder.py writes the first, transformers' config name)
@@ -200,14 +201,16 @@ class StepDecoder:
     online: bool = False  # what `record`'s sink asks a decoder (generate keeps no online sketches yet)
 
     def __call__(self, step: int, outputs: dict[str, np.ndarray]) -> Decoded:
+        return decode_group(self, [(step, outputs)])
+
+    def table(self, step: int, outputs: dict[str, np.ndarray]) -> tuple[pa.Table, Rows]:
         rows = decode(self.manifest, outputs, self.host)
         table = batch_table(rows, self.labels[0], step, self.labels[1], self.labels[2])
         n = table.num_rows
         phase = PHASES[0] if step == 0 else PHASES[1]
         table = table.append_column("phase", arrow_strings([phase], np.zeros(n, np.int64)))
         table = table.append_column("position", arrow_int64(np.full(n, position_of(step, self.prompt_len))))
-        part = encode_part(table, self.fmt, first=step == 0)
-        return Decoded(part, len(rows), _site_dims(rows) if step == 0 else None)
+        return table, rows
 
 
 def position_of(step: int, prompt_len: int) -> int:
