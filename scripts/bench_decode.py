@@ -10,14 +10,17 @@ outputs of one session.run are decoded into rows (`instrument.decode`), laid out
 table's columns (`run.table.batch_table`) and encoded as a Parquet part (`run.table.encode_part`).
 Each model is injected as `scripts/bench.py` does (the same ops, feeds and sketch options on the CPU
 provider), run on `--batches` distinct feeds, and those outputs are decoded `--iters` times in turn;
-each stage is timed per batch. Printed: median [p10-p90] µs per batch and µs per live tap, and the
+each stage is timed per batch. Printed: median [p10-p90] µs per batch and µs per live tap, the
 ratio to the figures in `--against` (default: bench_decode_baseline.json beside this script, the
-code before the fast decode, measured on the shared 2-core machine of BENCHMARKS.md).
+code before the fast decode, measured on the shared 2-core machine of BENCHMARKS.md), and the host
+path a batch when 8 batches are decoded and encoded together (`run.recorder.decode_group`: what
+`record` does with the batches that pile up while its worker decodes).
 
 `--save` writes, per model and sketch set, the raw outputs, the manifest, the weight taps' host values
 and each batch's table; `--check` decodes those same raw outputs with the code as it is now and says
-whether every table is identical (schema, and every column's bits: NaN payloads included), so a
-change to the decoding can be held to the tables of the code before it.
+whether every table is identical (schema, and every column's bits: NaN payloads included), decoded
+one batch at a time and all together (`instrument.decode_many`), so a change to the decoding can be
+held to the tables of the code before it.
 """
 
 from __future__ import annotations
@@ -38,6 +41,7 @@ import bench  # noqa: E402 - a sibling script: the models, feeds and ops bench.p
 
 BASELINE = Path(__file__).with_name("bench_decode_baseline.json")  # the code before the fast decode
 MODELS = ("tiny_taps", "silero_vad_v6", "captcha_crnn", "ppocrv4_det")
+GROUP = 8  # batches decoded together in the grouped column
 SETS = {"default": None, "all": ["all"], "exact": None}  # sketch names; "exact": the default set, exact hist
 
 
@@ -103,6 +107,27 @@ def measure(manifest, host, outputs: list[dict], iters: int) -> dict:
     return out
 
 
+def measure_grouped(
+    manifest, host, outputs: list[dict], iters: int, k: int = GROUP
+) -> tuple[float, float, float]:
+    """µs a batch of the host path when `k` batches are decoded and encoded together (`decode_group`: what
+    `record` does with the batches that pile up while its worker decodes)."""
+    from onnx_opscope.run.recorder import BatchDecoder, decode_group
+
+    decoder = BatchDecoder(manifest, host, ("run", "CPUExecutionProvider", "uniform"), "parquet")
+    groups = [
+        [(g * k + j + 1, outputs[(g * k + j) % len(outputs)]) for j in range(k)]
+        for g in range(iters // k + 2)
+    ]
+    decode_group(decoder, groups[0])  # warm-up
+    us = []
+    for group in groups[1:]:
+        t = time.perf_counter()
+        decode_group(decoder, group)
+        us.append((time.perf_counter() - t) * 1e6 / k)
+    return _spread(us)
+
+
 def _spread(us: list[float]) -> tuple[float, float, float]:
     q = statistics.quantiles(us, n=10)
     return statistics.median(us), q[0], q[-1]
@@ -156,6 +181,17 @@ def _read_back(table, step: int):
     return pq.read_table(pa.BufferReader(encode_part(table, "parquet", first=step == 0)))
 
 
+def _together(manifest, host, outputs: list[dict]) -> list:
+    """Each batch's table when all of them are decoded in one call (`decode_many`), where this code has it."""
+    from onnx_opscope import instrument
+    from onnx_opscope.run.table import batch_table
+
+    if not hasattr(instrument, "decode_many"):
+        return [None] * len(outputs)
+    many = instrument.decode_many(manifest, outputs, host)
+    return [batch_table(rows, "run", i, "CPUExecutionProvider", "uniform") for i, rows in enumerate(many)]
+
+
 def check(folder: Path) -> bool:
     """Decode every saved model's raw outputs and compare each batch's table, and its Parquet part as
     read back, with the saved table."""
@@ -164,9 +200,16 @@ def check(folder: Path) -> bool:
         manifest, host, outputs = load(d)
         before = pickle.loads((d / "tables.pkl").read_bytes())
         bad = []
+        together = _together(manifest, host, outputs)
         for i, o in enumerate(outputs):
             table = host_path(manifest, host, o, i)[0]
-            for what, t in (("table", table), ("part read back", _read_back(table, i))):
+            for what, t in (
+                ("table", table),
+                ("part read back", _read_back(table, i)),
+                ("decoded together", together[i]),
+            ):
+                if t is None:
+                    continue
                 now = table_bits(t)
                 bad += [f"batch {i} {what} {c}" for c in before[i] if now.get(c) != before[i][c]]
                 bad += [f"batch {i} {what} {c} (new)" for c in now if c not in before[i]]
@@ -202,9 +245,10 @@ def main() -> int:
     print(f"{os.cpu_count()} cores; µs per batch, median [p10-p90]; CPU time: this thread's (thread_time)")
     before = json.loads(a.against.read_text())["figures"] if a.against and a.against.is_file() else {}
     print(
-        "| model | set | taps (copied) | decode | table | encode | host path | its CPU time | µs / tap | before / now |"
+        "| model | set | taps (copied) | decode | table | encode | host path | its CPU time | µs / tap | before / now"
+        f" | host path, {GROUP} batches together |"
     )
-    print("|---|---|---:|---:|---:|---:|---:|---:|---:|---:|")
+    print("|---|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|")
     figures = {}
     for name in a.models.split(","):
         for sketch_set in a.sets.split(","):
@@ -212,6 +256,7 @@ def main() -> int:
             if a.save:
                 save(a.save, f"{name}-{sketch_set}", manifest, host, outputs)
             f = measure(manifest, host, outputs, a.iters)
+            f["grouped"] = measure_grouped(manifest, host, outputs, a.iters)
             figures[f"{name}-{sketch_set}"] = f
             cells = [
                 f"{f[s][0]:.0f} [{f[s][1]:.0f}-{f[s][2]:.0f}]"
@@ -224,7 +269,10 @@ def main() -> int:
                 else "-"
             )
             taps = f"{f['taps']} ({f['copied']})"
-            print(f"| {name} | {sketch_set} | {taps} | {' | '.join(cells)} | {f['per_tap']:.1f} | {ratio} |")
+            grouped = "{:.0f} [{:.0f}-{:.0f}]".format(*f["grouped"])
+            print(
+                f"| {name} | {sketch_set} | {taps} | {' | '.join(cells)} | {f['per_tap']:.1f} | {ratio} | {grouped} |"
+            )
     if a.json:
         a.json.write_text(json.dumps(figures, indent=1))
     return 0

@@ -17,7 +17,7 @@ from conftest import decoder_path, real_model_path
 
 from onnx_opscope import generate, zoo
 from onnx_opscope import sketch as sk
-from onnx_opscope.instrument import Rows, decode, decode_taps, host_values, inject
+from onnx_opscope.instrument import Rows, decode, decode_many, decode_taps, host_values, inject
 from onnx_opscope.instrument.decode import rows_of
 from onnx_opscope.run.session import RuntimeConfig, make_session
 from onnx_opscope.run.table import SCHEMA, batch_table, encode_part
@@ -107,15 +107,24 @@ def test_fast_decode_equals_the_plain_one(case):
     host = host_values(manifest, inst)
     sess = make_session(inst, RuntimeConfig(graph_opt="disable"))
     names = [o.name for o in sess.get_outputs()]
-    for step, f in enumerate(feeds):  # the first batch makes the layout, the others reuse it
-        outputs = dict(zip(names, sess.run(None, f)))
-        got, want = decode(manifest, outputs, host), rows_of(manifest, decode_taps(manifest, outputs, host))
+    runs = [dict(zip(names, sess.run(None, f))) for f in feeds]
+    wants = [rows_of(manifest, decode_taps(manifest, outputs, host)) for outputs in runs]
+    for step, (outputs, want) in enumerate(zip(runs, wants)):  # the first batch makes the layout
+        got = decode(manifest, outputs, host)
         assert len(got) == len(want) > 0
         assert got.chunks() == want.chunks(), f"{case}: chunks differ at batch {step}"
         assert _bits(got.to_arrow()) == _bits(want.to_arrow()), f"{case}: values differ at batch {step}"
         table = batch_table(got, "r", step, "CPUExecutionProvider", "d")
         back = pq.read_table(pa.BufferReader(encode_part(table, "parquet", first=step == 0)))
         assert _bits(back) == _bits(batch_table(want, "r", step, "CPUExecutionProvider", "d"))
+    # the batches decoded together (their small copied tensors in one segmented pass): the same rows
+    for step, (got, want) in enumerate(
+        zip(decode_many(manifest, runs[::-1], host)[::-1], wants, strict=True)
+    ):
+        assert got.chunks() == want.chunks(), f"{case}: chunks differ at batch {step}, decoded together"
+        assert _bits(got.to_arrow()) == _bits(want.to_arrow()), (
+            f"{case}: values differ at batch {step}, together"
+        )
     kinds = {_kind(t) for t in manifest.taps}
     assert kinds >= KINDS.get(case, {"graph"}), f"{case} covers {kinds}"
 
@@ -191,18 +200,19 @@ def test_a_generation_whose_shapes_change_every_step(monkeypatch, tmp_path):
     """generate's decode steps: the attention taps grow by one position a step, so each step makes a new
     layout in which only their sites' chunks are made anew (the other sites' are kept): the same rows."""
     loop = importlib.import_module("onnx_opscope.run.generate")
-    real, attn, kinds = loop.decode, [], set()
+    real, attn, kinds = loop.decode_many, [], set()
 
-    def checked(manifest, outputs, host=None):
-        got = real(manifest, outputs, host)
-        want = rows_of(manifest, decode_taps(manifest, outputs, host))
-        assert got.chunks() == want.chunks()
-        assert _bits(got.to_arrow()) == _bits(want.to_arrow())
-        attn.append(max(c[4] for c in got.chunks() if c[1] == "Softmax"))
+    def checked(manifest, batches, host=None):
+        many = real(manifest, batches, host)
+        for outputs, got in zip(batches, many, strict=True):
+            want = rows_of(manifest, decode_taps(manifest, outputs, host))
+            assert got.chunks() == want.chunks()
+            assert _bits(got.to_arrow()) == _bits(want.to_arrow())
+            attn.append(max(c[4] for c in got.chunks() if c[1] == "Softmax"))
         kinds.update(_kind(t) for t in manifest.taps)
-        return got
+        return many
 
-    monkeypatch.setattr(loop, "decode", checked)
+    monkeypatch.setattr(loop, "decode_many", checked)
     r = generate(decoder_path(), tokens=18, steps=6, out=tmp_path / "gen.parquet", parity=False)
     assert r.steps == 6 and len(attn) == 6
     # 9 heads: the prefill's 18 x 18 scores, then one row over the 19, 20, ... positions of each decode step

@@ -78,13 +78,13 @@ def test_a_slow_decode_writes_fewer_parts_with_the_same_rows(tmp_path, monkeypat
     """A decode slower than the run (made so here): groups of batches, one Parquet part each; the table
     reads the same as one written a part a batch, and progress still comes once a batch."""
     model, feeds = generated_model_path("mlp"), FeedSpec(batches=12)
-    decode = recorder.decode
+    decode_many = recorder.decode_many
 
-    def slow(*args, **kwargs):
-        time.sleep(0.03)
-        return decode(*args, **kwargs)
+    def slow(manifest, batches, host):
+        time.sleep(0.03 * len(batches))
+        return decode_many(manifest, batches, host)
 
-    monkeypatch.setattr(recorder, "decode", slow)
+    monkeypatch.setattr(recorder, "decode_many", slow)
     seen: list[int] = []
     grouped = record(
         model, out=tmp_path / "grouped.parquet", feeds=feeds, progress=lambda d, t: seen.append(d)

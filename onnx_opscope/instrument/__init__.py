@@ -11,7 +11,7 @@
 - `host`: the sketches of weights, computed once on the host instead of in the graph.
 """
 
-from .decode import HostValues, decode, decode_tap, decode_taps, gemm_dims
+from .decode import HostValues, decode, decode_many, decode_tap, decode_taps, gemm_dims
 from .host import host_values
 from .inject import PLACEMENTS, Instrumented, inject, inject_file, sites_of
 from .manifest import Manifest, SiteRecord, TapRecord, load_manifest, manifest_path_for
@@ -26,6 +26,7 @@ __all__ = [
     "SiteRecord",
     "TapRecord",
     "decode",
+    "decode_many",
     "decode_tap",
     "decode_taps",
     "gemm_dims",

@@ -17,6 +17,7 @@ from __future__ import annotations
 import itertools
 import math
 import weakref
+from dataclasses import dataclass
 from operator import ne
 from typing import NamedTuple
 
@@ -63,8 +64,12 @@ def decode_tap(
 
 
 def _copied_ran(tap: TapRecord, raw_out: dict[str, np.ndarray]) -> bool:
-    """A copied tap in an If branch carries the [1, *shape] marker, empty when the branch did not run."""
-    return "shape" not in tap.outputs or np.asarray(raw_out[tap.outputs["shape"]]).size > 0
+    """Whether a copied tap ran: always in the main graph; in an If branch, the branch not taken returns
+    an empty tensor of shape [0, ..., 0] (a tensor that ran with every dim 0 reads the same: it has no
+    value to sketch), or, for a scalar or a tensor of unknown rank, an empty [1, *shape] marker."""
+    if "shape" in tap.outputs:
+        return np.asarray(raw_out[tap.outputs["shape"]]).size > 0
+    return not tap.graph or any(np.shape(raw_out[tap.outputs["tensor"]]))
 
 
 def _split_iterations(tap: TapRecord, raw_out: dict[str, np.ndarray]) -> list[dict[str, np.ndarray]]:
@@ -180,6 +185,14 @@ def decode(manifest: Manifest, outputs: dict[str, np.ndarray], host: HostValues 
     return _plan_of(manifest).rows(outputs, host)
 
 
+def decode_many(
+    manifest: Manifest, batches: list[dict[str, np.ndarray]], host: HostValues | None = None
+) -> list[Rows]:
+    """`decode` of several runs, in order: the same rows, the small copied tensors of all of them
+    sketched together (what `record` does with the batches that pile up while it decodes)."""
+    return _plan_of(manifest).rows_group(batches, host)
+
+
 def rows_of(manifest: Manifest, decoded: dict[str, tuple[dict[str, np.ndarray], list[int] | None]]) -> Rows:
     """The tidy rows of `decode_taps`'s values, chunk by chunk: the plain path `decode` takes a faster
     way to, and the reference it is held to (tests/test_decode_plan.py)."""
@@ -271,6 +284,18 @@ class _Labels:
         return c
 
 
+@dataclass
+class _Batch:
+    """One run on its way to rows: its taps' shapes, the pool's pieces so far (`Group`s and values) and
+    its small copied tensors (tap indices and arrays), whose segmented groups `rows_group` adds last."""
+
+    shapes: list[tuple | None]
+    groups: list[Group]
+    pieces: list[np.ndarray]
+    small: list[int]
+    arrays: list[np.ndarray]
+
+
 class _Plan:
     """Decoding of one manifest's outputs, its manifest-only work done once. State is real (the
     layouts and the weight values seen so far), hence a class."""
@@ -320,26 +345,50 @@ class _Plan:
         self.weights: _Weights | None = None
 
     def rows(self, outputs: dict[str, np.ndarray], host: HostValues | None) -> Rows:
+        return self.rows_group([outputs], host)[0]
+
+    def rows_group(self, batches: list[dict[str, np.ndarray]], host: HostValues | None) -> list[Rows]:
+        """The rows of several runs' outputs: each as `rows` makes it, but the small copied tensors of all
+        of them sketched in one segmented pass (its fixed cost, ~50 µs, once a group)."""
         if self.const and host is None:
-            decode_taps(self.manifest(), outputs, host)  # raises its error
+            decode_taps(self.manifest(), batches[0], host)  # raises its error
+        states = [self._start(outputs) for outputs in batches]
+        arrays = [a for st in states for a in st.arrays]
+        if arrays:
+            flat = sk_batched.segmented_flat(arrays, self.wanted, self.opts)
+            ends = {stat: np.concatenate([[0], np.cumsum(counts)]) for stat, (_, counts) in flat.items()}
+            first = 0
+            for st in states:
+                last = first + len(st.small)
+                if st.small:
+                    for stat, (values, counts) in flat.items():
+                        st.groups.append((stat, st.small, counts[first:last]))
+                        st.pieces.append(values[ends[stat][first] : ends[stat][last]])
+                first = last
+        return [self._finish(st, host) for st in states]
+
+    def _start(self, outputs: dict[str, np.ndarray]) -> _Batch:
+        """A run's values but for its small copied tensors' segmented sketches (`rows_group` adds them)."""
         taps, o = self.taps, self.opts
-        shapes: list[tuple | None] = [None] * len(taps)
-        groups: list[Group] = []
-        pieces: list[np.ndarray] = []
+        st = _Batch([None] * len(taps), [], [], [], [])
 
         def one(i: int, values: dict[str, np.ndarray]) -> None:
             for stat, v in values.items():
                 v = np.asarray(v, np.float64).ravel()
-                groups.append((stat, [i], np.array([v.size], np.int64)))
-                pieces.append(v)
+                st.groups.append((stat, [i], np.array([v.size], np.int64)))
+                st.pieces.append(v)
 
-        self._copied(outputs, shapes, groups, pieces, one)
-        self._in_graph(outputs, shapes, groups, pieces, one)
+        self._copied(outputs, st, one)
+        self._in_graph(outputs, st.shapes, st.groups, st.pieces, one)
         for i in self.looped:
             values, shape = decode_tap(taps[i], outputs, o)
             if shape is not None:
-                shapes[i] = tuple(shape)
+                st.shapes[i] = tuple(shape)
                 one(i, values)
+        return st
+
+    def _finish(self, st: _Batch, host: HostValues | None) -> Rows:
+        shapes, groups, pieces = st.shapes, st.groups, st.pieces
         weights = self._weights(shapes, host) if self.const else None
         if weights is not None:
             pieces.append(weights.pool)
@@ -354,28 +403,23 @@ class _Plan:
         pool = np.concatenate(pieces) if pieces else np.zeros(0)
         return Rows.of_layout(layout.layout, pool[layout.gather])
 
-    def _copied(self, outputs, shapes, groups, pieces, one) -> None:
-        """The copied taps that ran: the small ones' segmented sketches together, the rest one by one."""
+    def _copied(self, outputs, st: _Batch, one) -> None:
+        """The copied taps that ran: the small ones kept for the segmented pass, the rest one by one."""
         taps, o = self.taps, self.opts
-        small, arrays = [], []
         for i in self.copied:
             t = taps[i]
             if not _copied_ran(t, outputs):
                 continue
             a = np.asarray(outputs[t.outputs["tensor"]])
-            shapes[i] = a.shape
+            st.shapes[i] = a.shape
             if 0 < a.size <= o.sample_size:
-                small.append(i)
-                arrays.append(a)
+                st.small.append(i)
+                st.arrays.append(a)
                 rest = self.unsegmented[i]
             else:
                 rest = t.sketches
             if rest:
                 one(i, sk.references(rest, a, t.info(), o))
-        if small:
-            for stat, (values, counts) in sk_batched.segmented_flat(arrays, self.wanted, o).items():
-                groups.append((stat, small, counts))
-                pieces.append(values)
 
     def _in_graph(self, outputs, shapes, groups, pieces, one) -> None:
         """The in-graph taps that ran: the hot sketches finalized for all of them at once (`STACKED`)."""

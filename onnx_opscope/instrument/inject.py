@@ -324,7 +324,9 @@ def build(target: _Target, taps: list[TapRecord], options: sk.SketchOptions, pla
         if tap.copied:  # the tensor itself, under a name of ours (it may be an input or an output already)
             copy = target.names.fresh(f"opscope_t{k}_tensor")
             nodes, tap.outputs = [helper.make_node("Identity", [source], [copy], name=copy)], {"tensor": copy}
-            if tap.graph:  # in an If branch: the shape tells a branch not taken (empty) from an empty tensor
+            if tap.graph and not tap.rank:  # an If branch's scalar or tensor of unknown rank: its shape
+                # tells a branch not taken (empty) from a tensor that ran; of known rank >= 1, the branch
+                # not taken's [0, ..., 0] tells it alone (`decode._copied_ran`)
                 marker, raws = templates.build(f"opscope_t{k}_", source, tap.info(), [])
                 nodes, tap.outputs = [*marker, *nodes], {**raws, "tensor": copy}
         else:

@@ -38,7 +38,7 @@ from ..errors import OpscopeError, listing
 from ..files import check_writable
 from ..graph.chunks import weight_bytes
 from ..graph.io import ModelLike, file_sha256, load_model
-from ..instrument import HostValues, Manifest, Rows, decode, host_values, inject, sites_of
+from ..instrument import HostValues, Manifest, Rows, decode_many, host_values, inject, sites_of
 from ..instrument.rows import arrow_int64, arrow_strings
 from ..sites import Selection, Site
 from ..sites.kv import cache_views, without_cache_views
@@ -203,14 +203,16 @@ class StepDecoder:
     def __call__(self, step: int, outputs: dict[str, np.ndarray]) -> Decoded:
         return decode_group(self, [(step, outputs)])
 
-    def table(self, step: int, outputs: dict[str, np.ndarray]) -> tuple[pa.Table, Rows]:
-        rows = decode(self.manifest, outputs, self.host)
+    def tables(self, batches: list[tuple[int, dict[str, np.ndarray]]]) -> list[tuple[pa.Table, Rows]]:
+        many = decode_many(self.manifest, [outputs for _, outputs in batches], self.host)
+        return [(self._table(step, rows), rows) for (step, _), rows in zip(batches, many)]
+
+    def _table(self, step: int, rows: Rows) -> pa.Table:
         table = batch_table(rows, self.labels[0], step, self.labels[1], self.labels[2])
         n = table.num_rows
         phase = PHASES[0] if step == 0 else PHASES[1]
         table = table.append_column("phase", arrow_strings([phase], np.zeros(n, np.int64)))
-        table = table.append_column("position", arrow_int64(np.full(n, position_of(step, self.prompt_len))))
-        return table, rows
+        return table.append_column("position", arrow_int64(np.full(n, position_of(step, self.prompt_len))))
 
 
 def position_of(step: int, prompt_len: int) -> int:

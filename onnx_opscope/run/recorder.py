@@ -47,7 +47,7 @@ from ..files import atomic_path, check_writable, write_text
 from ..graph.chunks import weight_bytes
 from ..graph.inplace import load_in_place
 from ..graph.io import ModelLike, external_files, file_sha256
-from ..instrument import HostValues, Manifest, Rows, decode, host_values, inject
+from ..instrument import HostValues, Manifest, Rows, decode_many, host_values, inject
 from ..instrument.decode import tap_samples
 from ..sites import Selection, Site
 from ..sketch import online as sk_online
@@ -270,11 +270,13 @@ class BatchDecoder:
     def __call__(self, step: int, outputs: dict[str, np.ndarray]) -> Decoded:
         return decode_group(self, [(step, outputs)])
 
-    def table(self, step: int, outputs: dict[str, np.ndarray]) -> tuple[pa.Table, Rows]:
-        """One batch's rows, and as the table's columns."""
-        rows = decode(self.manifest, outputs, self.host)
+    def tables(self, batches: list[tuple[int, dict[str, np.ndarray]]]) -> list[tuple[pa.Table, Rows]]:
+        """Each batch's rows, and as the table's columns (decoded together: `decode_many`)."""
         run_id, provider, dist = self.labels
-        return batch_table(rows, run_id, step, provider, dist), rows
+        many = decode_many(self.manifest, [outputs for _, outputs in batches], self.host)
+        return [
+            (batch_table(rows, run_id, step, provider, dist), rows) for (step, _), rows in zip(batches, many)
+        ]
 
 
 class TableDecoder(Protocol):
@@ -284,15 +286,14 @@ class TableDecoder(Protocol):
     fmt: str
     online: bool
 
-    def table(self, step: int, outputs: dict[str, np.ndarray]) -> tuple[pa.Table, Rows]: ...
+    def tables(self, batches: list[tuple[int, dict[str, np.ndarray]]]) -> list[tuple[pa.Table, Rows]]: ...
 
 
 def decode_group(decoder: TableDecoder, batches: list[tuple[int, dict[str, np.ndarray]]]) -> Decoded:
-    """Batches in step order as one part: each decoded, their tables laid end to end, encoded once
-    (a Parquet file costs ~0.8 ms however few its rows)."""
+    """Batches in step order as one part: decoded together, their tables laid end to end, encoded once
+    (a Parquet file costs ~0.5 ms however few its rows)."""
     tables, n, dims = [], 0, None
-    for step, outputs in batches:
-        table, rows = decoder.table(step, outputs)
+    for (step, _), (table, rows) in zip(batches, decoder.tables(batches)):
         tables.append(table)
         n += len(rows)
         if step == 0:
