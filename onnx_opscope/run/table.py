@@ -20,9 +20,10 @@ path is the new run's: a later error or a kill leaves its finished batches, no `
 `run.json` says `"interrupted": true`. The alternative, keeping the earlier table until the run
 ends and swapping then, would leave nothing of the new run at `<out>` after a kill.
 
-Parts stay one per batch. Merging them at the end would read and rewrite the whole table and
-swap the folder again, to save little: 500 batches of 1,600 rows read in 0.75 s with pandas
-against 0.51 s from one file, 0.18 s against 0.05 s with DuckDB.
+A part holds one batch, or the batches that piled up while the recorder's worker decoded (a model
+faster than its decode: `recorder.BatchPipeline`), never part of one. Merging parts at the end
+would read and rewrite the whole table and swap the folder again, to save little: 500 batches of
+1,600 rows read in 0.75 s with pandas against 0.51 s from one file, 0.18 s against 0.05 s with DuckDB.
 
 CSV: the first batch goes to a temporary file renamed into place (the same commit), later ones
 are appended and flushed one batch at a time, and an append that fails (a full disk) is cut
@@ -78,7 +79,8 @@ class TableWriter:
         self._csv: BinaryIO | None = None
 
     def write(self, part: bytes) -> None:
-        """Add one batch, encoded by `encode_part`; the first replaces whatever table was at the path."""
+        """Add one part (one batch, or a group of them), encoded by `encode_part`; the first replaces
+        whatever table was at the path."""
         if self.fmt == "parquet":
             self._write_part(part)
         else:
