@@ -27,6 +27,7 @@ only when the rounds so far say it will end in time, so a default run fits a GPU
 from __future__ import annotations
 
 import argparse
+import collections
 import contextlib
 import inspect
 import itertools
@@ -42,7 +43,6 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass, field, replace
 from datetime import datetime, timezone
-from functools import partial
 from pathlib import Path
 from typing import Any
 
@@ -181,7 +181,7 @@ def run_opscope(job: dict) -> dict:
     (bound to CPU memory, copied off the reused buffers before the next run overwrites them).
     """
     from onnx_opscope.instrument import host_values, inject
-    from onnx_opscope.run.recorder import BatchDecoder, BatchPipeline, decode_group
+    from onnx_opscope.run.recorder import BatchDecoder, BatchPipeline, PartMaker
     from onnx_opscope.run.session import RuntimeConfig, for_tapped, make_session
     from onnx_opscope.sites import Selection
     from onnx_opscope.sketch import SketchOptions, for_providers
@@ -204,7 +204,8 @@ def run_opscope(job: dict) -> dict:
     sess = make_session(model, config, base_dir=str(Path(job["model"]).parent), take_weights=True)
     del model
     decoder = BatchDecoder(manifest, host, ("bench", "cpu", "uniform"), "parquet")
-    pipeline = BatchPipeline(partial(decode_group, decoder))  # what `record` does with a group, but the write
+    parts = PartMaker(decoder)  # what `record` does with a group of batches, but the write
+    pipeline = BatchPipeline(lambda batches: collections.deque(parts(batches), maxlen=0))
     steps = itertools.count()
     original = set(manifest.original_outputs)
     rebound = 0

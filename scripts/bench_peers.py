@@ -9,6 +9,7 @@ function that measures them: none of them is needed by onnx-opscope or its tests
 
 from __future__ import annotations
 
+import collections
 import itertools
 import json
 import os
@@ -16,7 +17,6 @@ import resource
 import tempfile
 import time
 from collections.abc import Callable
-from functools import partial
 from pathlib import Path
 from typing import Any
 
@@ -174,7 +174,7 @@ def run_opscope(job: dict, sketches: list[str] | None, hist_mode: str, decode_ro
     overlapping the next run; batches that pile up meanwhile go as one group, as in `record`
     (`decode_rows=False` leaves the decoding out, to show what it costs)."""
     from onnx_opscope.instrument import host_values, inject
-    from onnx_opscope.run.recorder import BatchDecoder, BatchPipeline, decode_group
+    from onnx_opscope.run.recorder import BatchDecoder, BatchPipeline, PartMaker
     from onnx_opscope.run.session import RuntimeConfig, for_tapped, make_session
     from onnx_opscope.sites import Selection
     from onnx_opscope.sketch import SketchOptions, for_providers
@@ -195,7 +195,8 @@ def run_opscope(job: dict, sketches: list[str] | None, hist_mode: str, decode_ro
     del model
     names = [o.name for o in sess.get_outputs()]
     decoder = BatchDecoder(manifest, host, ("bench", "cpu", "uniform"), "parquet")
-    pipeline = BatchPipeline(partial(decode_group, decoder))  # what `record` does with a group, but the write
+    parts = PartMaker(decoder)  # what `record` does with a group of batches, but the write
+    pipeline = BatchPipeline(lambda batches: collections.deque(parts(batches), maxlen=0))
     steps = itertools.count()
 
     def step(feeds: Feeds) -> None:

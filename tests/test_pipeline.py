@@ -100,3 +100,26 @@ def test_a_slow_decode_writes_fewer_parts_with_the_same_rows(tmp_path, monkeypat
     assert a.num_rows == b.num_rows > 0 and a.column_names == b.column_names
     for name in a.column_names:
         assert pc.all(pc.equal(a.column(name), b.column(name)).fill_null(True)).as_py(), name
+
+
+def test_a_group_is_cut_into_parts_of_at_most_part_rows(tmp_path, monkeypatch):
+    """However many batches pile up, a part holds at most PART_ROWS rows (a batch at least): the first
+    batch goes alone (its rows size the next parts), so the tables a group builds stay bounded."""
+    import pyarrow.parquet as pq
+
+    model, feeds = generated_model_path("mlp"), FeedSpec(batches=12)
+    one = record(model, out=tmp_path / "one.parquet", feeds=FeedSpec(batches=1)).rows
+    decode_many = recorder.decode_many
+
+    def slow(manifest, batches, host):
+        time.sleep(0.03 * len(batches))
+        return decode_many(manifest, batches, host)
+
+    monkeypatch.setattr(recorder, "decode_many", slow)
+    monkeypatch.setattr(recorder, "PART_ROWS", 3 * one)
+    result = record(model, out=tmp_path / "cut.parquet", feeds=feeds)
+    parts = sorted(result.table.glob("part-*.parquet"))
+    steps = [sorted(set(pq.read_table(p).column("step").to_pylist())) for p in parts]
+    assert [s for part in steps for s in part] == list(range(12))
+    assert steps[0] == [0] and max(len(s) for s in steps) == 3 and all(len(s) <= 3 for s in steps)
+    assert all(pq.read_metadata(p).num_rows <= 3 * one for p in parts)

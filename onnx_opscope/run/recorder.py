@@ -108,7 +108,7 @@ class BatchPipeline:
     overlap the next run instead of adding to it. Batches submitted while the worker is busy wait
     and go to it together, as one group: a model that runs faster than its batches are decoded and
     written (silero_vad_v6: ~0.1 ms a run, ~1 ms of decode and Parquet a batch) then pays the fixed
-    part of that once a group, and the table gets one part a group, not a file a batch. A model
+    part of that once a group, and the table gets a part a group, not a file a batch. A model
     whose decode keeps up sends groups of one. At most `MAX_BATCHES` batches, or `MAX_BYTES` of
     outputs, wait; then `submit` waits for the worker. An error in `work` is raised by the next
     `submit` that waits or by `close`. State is real (the worker, the group in flight, the waiting
@@ -116,7 +116,7 @@ class BatchPipeline:
     """
 
     MAX_BATCHES = 64
-    MAX_BYTES = 64 << 20
+    MAX_BYTES = 16 << 20
 
     def __init__(self, work: Callable[[list[Batch]], None]):
         self._work = work
@@ -304,6 +304,33 @@ def decode_group(decoder: TableDecoder, batches: list[tuple[int, dict[str, np.nd
     return Decoded(part, n, dims, online, len(batches))
 
 
+PART_ROWS = 1 << 17
+"""Rows a part of grouped batches holds at most (~10 MB of table while it is built): silero_vad_v6's
+1,173-row batches share parts by the dozen, while a batch of more rows stays alone (captcha_crnn with
+--sketch all: 335k rows a batch), so a group never holds more than a part's tables at once."""
+
+
+class PartMaker:
+    """Cuts the groups of batches the pipeline hands over into parts of at most `PART_ROWS` rows (one
+    batch at least), in step order, each decoded and encoded by `decode_group`. State is real: the rows
+    a batch had in the last part, which sizes the next one (the first batch of a run goes alone)."""
+
+    def __init__(self, decoder: TableDecoder):
+        self.decoder = decoder
+        self.rows_per_batch: float | None = None
+
+    def __call__(self, batches: list[tuple[int, dict[str, np.ndarray]]]) -> Iterator[tuple[int, Decoded]]:
+        """(the part's first step, the part), one part at a time."""
+        i = 0
+        while i < len(batches):
+            per = self.rows_per_batch
+            k = 1 if per is None else max(1, int(PART_ROWS // max(per, 1.0)))
+            done = decode_group(self.decoder, batches[i : i + k])
+            self.rows_per_batch = done.rows / done.steps
+            yield batches[i][0], done
+            i += k
+
+
 @dataclass(frozen=True)
 class DecodeOnWorker:
     """A Ray worker's `post`: the batch decoded where it ran, plus the model's own outputs at step 0
@@ -325,6 +352,7 @@ class _Sink:
                  progress: Callable[[int, int | None], None] | None, total: int | None, meta: dict,
                  started: float):  # fmt: skip
         self.writer, self.decoder, self.manifest = writer, decoder, decoder.manifest
+        self.parts = PartMaker(decoder)
         self.progress, self.total, self.meta, self.started = progress, total, meta, started
         self.rows = self.steps = 0
         self.site_dims: dict[str, tuple] = {}
@@ -333,12 +361,10 @@ class _Sink:
         self.online_path = sk_online.online_path(writer.out)
 
     def __call__(self, batches: list[Batch]) -> None:  # on the pipeline's thread
-        """A group of batches: decoded here into one part, or parts a worker decoded, one by one."""
-        if isinstance(batches[0][1], Decoded):
-            for step, done in batches:
-                self.add(step, done)
-        else:
-            self.add(batches[0][0], decode_group(self.decoder, batches))
+        """A group of batches: decoded here into parts (`PartMaker`), or parts a worker decoded."""
+        parts = batches if isinstance(batches[0][1], Decoded) else self.parts(batches)
+        for step, done in parts:
+            self.add(step, done)
 
     def add(self, step: int, done: Decoded) -> None:
         """Write one part, whose first batch is `step`."""
