@@ -71,6 +71,7 @@ class Row:
 PLAIN = "plain, graph opt all"
 DEFAULT = "opscope default set, sampled hist"
 DEFAULT_RUN = "opscope default set, sampled hist, run only (no decode)"
+DEFAULT_ROWS = "opscope default set, sampled hist, decoded to rows (no Parquet)"
 EXACT = "opscope default set, exact hist"
 ALL = "opscope all sketches (--sketch all), sampled hist"
 IN_GRAPH = "opscope default set, every tap in the graph (--copy-out-max 0)"
@@ -85,6 +86,7 @@ ROWS: list[Row] = [
     Row("opscope min+max", "opscope", {"sketches": ["min", "max"], "hist_mode": "sampled"}),
     Row(DEFAULT, "opscope", {"sketches": None, "hist_mode": "sampled"}, quick=True),
     Row(DEFAULT_RUN, "opscope", {"sketches": None, "hist_mode": "sampled", "decode": False}),
+    Row(DEFAULT_ROWS, "opscope", {"sketches": None, "hist_mode": "sampled", "decode": "rows"}),
     Row(IN_GRAPH, "opscope", {"sketches": None, "hist_mode": "sampled", "copy_out_max": 0}),
     Row(
         IN_GRAPH_RUN,
@@ -249,7 +251,7 @@ def prepare_cases(work: Path, quick: bool, n: int, only: set[str] | None) -> lis
             work, "tiny_taps", f"{TINY_LAYERS} chained MatMul [1,16] x [16,16] + Relu: the fixed cost of a tap",
             tiny_model(), ("MatMul",), lambda i: {}, n,
         )  # fmt: skip
-        tiny.rows = (PLAIN, DEFAULT, DEFAULT_RUN, IN_GRAPH, IN_GRAPH_RUN)
+        tiny.rows = (PLAIN, DEFAULT, DEFAULT_ROWS, DEFAULT_RUN, IN_GRAPH, IN_GRAPH_RUN)
         cases.append(tiny)
     for name, (spec, post, wanted, describe) in _REAL.items():
         if not want(name):
@@ -613,7 +615,8 @@ def goals(results: dict, inj: dict, ana: dict, s: Settings) -> list[str]:
             f"ours counted as ≥ 1 MB): {mark(speed >= 4 and mem >= 20)}"
         )
     tiny_plain = summarize(results, "tiny_taps", PLAIN)
-    for label, row in (("copied out, run only", DEFAULT_RUN), ("copied out, with decode", DEFAULT),
+    for label, row in (("copied out, run only", DEFAULT_RUN), ("copied out, decoded to rows", DEFAULT_ROWS),
+                       ("copied out, with decode and the Parquet part (what record does)", DEFAULT),
                        ("in the graph, run only", IN_GRAPH_RUN)):  # fmt: skip
         f = summarize(results, "tiny_taps", row)
         if f.ms is None or tiny_plain.ms is None or not f.tensors:

@@ -30,7 +30,6 @@ import argparse
 import collections
 import contextlib
 import inspect
-import itertools
 import json
 import os
 import platform
@@ -205,29 +204,27 @@ def run_opscope(job: dict) -> dict:
     del model
     decoder = BatchDecoder(manifest, host, ("bench", "cpu", "uniform"), "parquet")
     parts = PartMaker(decoder)  # what `record` does with a group of batches, but the write
-    pipeline = BatchPipeline(lambda batches: collections.deque(parts(batches), maxlen=0))
-    steps = itertools.count()
     original = set(manifest.original_outputs)
     rebound = 0
     if job["iobinding"]:
         taps = {o.name for o in sess.get_outputs()} - original
         run_bound, feeds, names, rebound = bound_runner(sess, batches, _device(providers), taps)
 
-        def step(inputs: dict) -> None:
-            got = run_bound(inputs)
-            pipeline.submit(next(steps), {n: host_array(v) for n, v in zip(names, got) if n in taps})
+        def step(inputs: dict) -> dict:
+            return {n: host_array(v) for n, v in zip(names, run_bound(inputs)) if n in taps}
 
     else:
         names = [o.name for o in sess.get_outputs()]
 
-        def step(inputs: dict) -> None:
-            pipeline.submit(next(steps), dict(zip(names, sess.run(None, inputs))))
+        def step(inputs: dict) -> dict:
+            return dict(zip(names, sess.run(None, inputs)))
 
         feeds: list = batches
-    times = peers.timed(step, feeds, job["warmup"])
-    t0 = time.perf_counter()
-    pipeline.close()  # the last batch's decode belongs to the run
-    times[-1] += time.perf_counter() - t0
+
+    def pipeline() -> BatchPipeline:
+        return BatchPipeline(lambda group: collections.deque(parts(group), maxlen=0))
+
+    times = peers.timed(step, feeds, job["warmup"], pipeline)
     live = sum(not t.constant for t in manifest.taps)
     copied = sum(t.copied for t in manifest.taps)
     note = f"{len(names) - len(original)} tap outputs; copy_out_max {options.copy_out_max}" + (

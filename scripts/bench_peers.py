@@ -102,16 +102,29 @@ def load_batches(path: str | os.PathLike) -> list[Feeds]:
     return [batches[i] for i in sorted(batches)]
 
 
-def timed(step: Callable[[Feeds], object], batches: list[Feeds], warmup: int) -> list[float]:
-    """Seconds per batch for `step` over `batches`, after `warmup` untimed calls on the first ones."""
-    for i in range(warmup):
-        step(batches[i % len(batches)])
-    times = []
-    for feeds in batches:
-        t0 = time.perf_counter()
-        step(feeds)
-        times.append(time.perf_counter() - t0)
-    return times
+def timed(
+    step: Callable[[Feeds], Any], batches: list[Feeds], warmup: int, pipeline: Callable[[], Any] | None = None
+) -> list[float]:
+    """Seconds per batch of `step` over `batches`, after `warmup` untimed calls: the timed batches' wall
+    time divided by their number (every row alike: the calibrators' time is theirs over N too). With a
+    `pipeline()`, each step's outputs go to a fresh one, as `record` hands them on, and the clock runs
+    until it has taken every batch in: work it holds back (batches it groups) is counted, where a
+    per-batch median would leave it out. The warm-up goes through a pipeline of its own."""
+    steps = itertools.count()
+
+    def through(feeds_list: list[Feeds]) -> None:
+        pipe = pipeline() if pipeline else None
+        for feeds in feeds_list:
+            outputs = step(feeds)
+            if pipe is not None:
+                pipe.submit(next(steps), outputs)
+        if pipe is not None:
+            pipe.close()
+
+    through([batches[i % len(batches)] for i in range(warmup)])
+    t0 = time.perf_counter()
+    through(batches)
+    return [(time.perf_counter() - t0) / len(batches)] * len(batches)
 
 
 def main_graph_tensors(model_path: str, ops: list[str]) -> list[str]:
@@ -168,11 +181,13 @@ def run_plain(job: dict, graph_opt: str) -> dict:
     return {"times": times, "tensors": None}
 
 
-def run_opscope(job: dict, sketches: list[str] | None, hist_mode: str, decode_rows: bool = True) -> dict:
+def run_opscope(
+    job: dict, sketches: list[str] | None, hist_mode: str, decode_rows: bool | str = True
+) -> dict:
     """What `record` does per batch, on the session it makes: run (all outputs), then decode the
     sketches into a table part (Parquet bytes, as `record` writes them) on its pipeline thread,
     overlapping the next run; batches that pile up meanwhile go as one group, as in `record`
-    (`decode_rows=False` leaves the decoding out, to show what it costs)."""
+    (`decode_rows=False` leaves the decoding out, "rows" the Parquet encoding, to show what each costs)."""
     from onnx_opscope.instrument import host_values, inject
     from onnx_opscope.run.recorder import BatchDecoder, BatchPipeline, PartMaker
     from onnx_opscope.run.session import RuntimeConfig, for_tapped, make_session
@@ -196,18 +211,16 @@ def run_opscope(job: dict, sketches: list[str] | None, hist_mode: str, decode_ro
     names = [o.name for o in sess.get_outputs()]
     decoder = BatchDecoder(manifest, host, ("bench", "cpu", "uniform"), "parquet")
     parts = PartMaker(decoder)  # what `record` does with a group of batches, but the write
-    pipeline = BatchPipeline(lambda batches: collections.deque(parts(batches), maxlen=0))
-    steps = itertools.count()
 
-    def step(feeds: Feeds) -> None:
-        outputs = dict(zip(names, sess.run(None, feeds)))
-        if decode_rows:
-            pipeline.submit(next(steps), outputs)
+    def step(feeds: Feeds) -> dict:
+        return dict(zip(names, sess.run(None, feeds)))
 
-    times = timed(step, batches, job["warmup"])
-    t0 = time.perf_counter()
-    pipeline.close()  # the last batch's decode: part of the run's time
-    times[-1] += time.perf_counter() - t0
+    def pipeline() -> BatchPipeline:
+        if decode_rows == "rows":
+            return BatchPipeline(decoder.tables)
+        return BatchPipeline(lambda group: collections.deque(parts(group), maxlen=0))
+
+    times = timed(step, batches, job["warmup"], pipeline if decode_rows else None)
     live = sum(not t.constant for t in manifest.taps)
     copied = sum(t.copied for t in manifest.taps)
     note = f"+{len(manifest.taps) - live} weight taps (host, once)" + (
