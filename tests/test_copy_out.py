@@ -254,22 +254,18 @@ def test_silero_decoder_taps_are_copied_at_the_recorded_shapes():
     """silero_vad_v6's decoder LSTM and its head sit behind Ifs decided by the state's and the encoder's
     shapes: at the recorded input shapes every activation of the 16 kHz branch is copied out, and the
     taps of the branches that ran equal numpy on the tensors the model made."""
-    from test_sketches import check_taps, inline_taken_ifs, run_all, tensor_values
+    from test_sketches import check_taps, inline_taken_ifs, real_feeds, run_all, tensor_values
 
     from onnx_opscope.sites import Selection
 
     path = real_model_path("silero_vad_v6")
     model = onnx.load(path)
-    shapes = {"input": [1, 512], "state": [2, 1, 128], "sr": []}
+    feeds = real_feeds("silero_vad_v6")  # 16 kHz
+    shapes = {k: list(v.shape) for k, v in feeds.items()}  # as record passes them
     inst, manifest = inject(path, Selection(op_types=("Conv", "LSTM")), None, input_shapes=shapes)
     taken = [t for t in manifest.taps if t.graph.startswith("If_0/then_branch") and not t.constant]
     assert any(t.tensor.endswith("decoder/rnn/LSTM_output_0") for t in taken)
     assert any(t.rank is None for t in taken) and all(t.copied for t in taken)
-    feeds = {
-        "input": np.random.default_rng(0).uniform(-0.5, 0.5, (1, 512)).astype(np.float32),
-        "state": np.zeros((2, 1, 128), np.float32),
-        "sr": np.array(16000, np.int64),
-    }
     outs = run_all(inst, feeds)
     host = host_values(manifest, model)
     decoded = decode_taps(manifest, outs, host)

@@ -7,7 +7,7 @@ import numpy as np
 import onnx
 from conftest import real_model_path
 from onnx import TensorProto, helper, numpy_helper
-from test_sketches import check_taps, inline_taken_ifs, run_all, tensor_values
+from test_sketches import check_taps, inline_taken_ifs, real_feeds, run_all, tensor_values
 
 from onnx_opscope import sketch as sk
 from onnx_opscope.graph.index import ModelIndex
@@ -85,11 +85,7 @@ def test_silero_lstm_weights_are_folded():
     index = ModelIndex(model)
     folded = [t for t in manifest.taps if chain(index, t.graph, t.tensor) is not None]
     assert len(folded) == 8 and all(t.constant and not t.outputs for t in folded)
-    feeds = {
-        "input": np.random.default_rng(0).uniform(-0.5, 0.5, (1, 512)).astype(np.float32),
-        "state": np.zeros((2, 1, 128), np.float32),
-        "sr": np.array(16000, np.int64),
-    }
+    feeds = real_feeds("silero_vad_v6")  # 16 kHz
     host = host_values(manifest, model)
     outs = run_all(inst, feeds)
     decoded = decode_taps(manifest, outs, host)

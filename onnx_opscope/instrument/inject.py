@@ -27,6 +27,7 @@ naive instrumentation does: it keeps intermediates alive to the end of the run).
 
 from __future__ import annotations
 
+import functools
 import math
 import os
 import re
@@ -226,12 +227,10 @@ def mark_copied(
         shape = input_shapes.get(m.group(1)) if m else None
         if shape is not None and int(m.group(2)) < len(shape):
             values[sym] = int(shape[int(m.group(2))])
-    concrete: list[ShapeTable | None] = []  # inferred at the first tap that needs it
 
-    def at_inputs(tensor: str) -> int | None:
-        if not concrete:
-            concrete.append(_concrete_table(light, input_shapes))
-        return _numel_at(concrete[0].shape(tensor), {}) if concrete[0] else None
+    @functools.cache  # inferred at the first tap that needs it, once
+    def concrete() -> ShapeTable | None:
+        return _concrete_table(light, input_shapes)
 
     for tap in taps:
         if (
@@ -240,12 +239,12 @@ def mark_copied(
         ):  # fmt: skip
             continue
         numel = tap.numel if tap.numel is not None else _numel_at(table.shape(tap.tensor), values)
-        if numel is None and light is not None and input_shapes:
-            numel = at_inputs(tap.tensor)
+        if numel is None and light is not None and input_shapes and (at_inputs := concrete()) is not None:
+            numel = _numel_at(at_inputs.shape(tap.tensor), {})
         tap.copied = numel is not None and numel <= limit
 
 
-def _concrete_table(light: ModelProto | None, input_shapes: Mapping[str, Sequence[int]]) -> ShapeTable | None:
+def _concrete_table(light: ModelProto, input_shapes: Mapping[str, Sequence[int]]) -> ShapeTable | None:
     """`light`'s shapes with its inputs fixed at `input_shapes` (onnx's inference and the per-node rules,
     which decide If conditions made from shapes); None when those shapes do not fit the model."""
     try:
