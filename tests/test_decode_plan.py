@@ -157,6 +157,43 @@ def test_parquet_part_reads_back_as_strings_everywhere():
     assert pq.ParquetFile(pa.BufferReader(part)).metadata.metadata is None  # no ARROW:schema
 
 
+def test_parquet_part_is_written_as_measured_fastest(tmp_path):
+    """The part's encoding (`run.table._write_parquet`): LZ4_RAW, a dictionary for labels and sizes
+    only, min/max statistics for the step alone; DuckDB and polars read it as the same rows."""
+    model, feeds = _zoo("mlp")
+    inst, manifest = inject(model, None, None, CPU)
+    sess = make_session(inst, RuntimeConfig())
+    outputs = dict(zip([o.name for o in sess.get_outputs()], sess.run(None, feeds[0])))
+    table = batch_table(decode(manifest, outputs, host_values(manifest, inst)), "r", 3, "CPU", "d")
+    path = tmp_path / "part.parquet"
+    path.write_bytes(encode_part(table, "parquet", first=False))
+    group = pq.ParquetFile(path).metadata.row_group(0)
+    columns = {group.column(i).path_in_schema: group.column(i) for i in range(group.num_columns)}
+    dictionary = {n for n, c in columns.items() if c.has_dictionary_page}
+    assert dictionary == {
+        "run_id",
+        "provider",
+        "dist",
+        "site",
+        "op_type",
+        "role",
+        "stat",
+        "M",
+        "K",
+        "N",
+        "numel",
+    }
+    assert {n for n, c in columns.items() if c.is_stats_set and c.statistics.has_min_max} == {"step"}
+    assert (columns["step"].statistics.min, columns["step"].statistics.max) == (3, 3)
+    duckdb = pytest.importorskip("duckdb")
+    pl = pytest.importorskip("polars")
+    codecs = duckdb.sql(f"select distinct compression from parquet_metadata('{path}')").fetchall()
+    assert codecs == [("LZ4_RAW",)]
+    back = pa.table(duckdb.sql(f"select * from read_parquet('{path}')").arrow())  # a Table or a reader
+    assert back.cast(SCHEMA).equals(table)
+    assert pl.read_parquet(path).to_arrow().cast(SCHEMA).equals(table)
+
+
 def test_rows_of_a_layout_take_added_chunks():
     """Rows made from a layout answer like rows made chunk by chunk, also after a chunk is added."""
     model, feeds = _zoo("mlp")

@@ -138,24 +138,43 @@ def encode_part(table: pa.Table, fmt: str, first: bool) -> bytes:
     (the repeated label strings)."""
     buf = pa.BufferOutputStream()
     if fmt == "parquet":
-        # label columns as their dictionary twins (no string hashing); without the Arrow schema in
-        # the file, every reader reads them as the strings they are (the schema holds nothing else).
-        # Min/max statistics only for the columns that tell parts apart (run, step, phase, position...):
-        # every part spans all the labels, sizes, indices and values, so theirs could never skip a part,
-        # and they were a third of writing one (7 of 20 ms on a 57k-row generate step).
-        columns = [_twin(c) for c in table.columns]
-        stats = [c for c in table.column_names if c not in _SPANNING]
-        pq.write_table(
-            pa.Table.from_arrays(columns, names=table.column_names),
-            buf,
-            store_schema=False,
-            write_statistics=stats,
-        )
+        _write_parquet(table, buf)
     else:
         pacsv.write_csv(table, buf, pacsv.WriteOptions(include_header=first))
     return buf.getvalue().to_pybytes()
 
 
+def _write_parquet(table: pa.Table, sink: pa.NativeFile) -> None:
+    """Write `table` as one Parquet file, the way pyarrow writes it fastest. Each choice was measured
+    on real batches' tables (tiny_taps, silero_vad_v6, ppocrv4_det's default set, captcha_crnn's
+    `--sketch all`, one batch or four together): 0.45-0.86 of the time before, files -20% to +35%.
+
+    - label columns as their dictionary twins (no string hashing); without the Arrow schema in the
+      file every reader reads them as the strings they are (the schema holds nothing else);
+    - a dictionary only for the labels and the sizes: the step, indices and values are written
+      plain, and LZ4 (written as LZ4_RAW, which pyarrow, polars, DuckDB and Spark 3.3+ read)
+      packs them about as tightly as their dictionary did under snappy;
+    - min/max statistics only for the integers that tell parts apart (step, position): every part
+      spans all the labels, sizes, indices and values, so theirs could never skip a part, and a
+      part's run, provider and phase are one value each (string statistics were a quarter of the
+      write);
+    - the fields stay nullable: required ones skip the definition levels but made pyarrow write the
+      dictionary twins 1.2-1.6x slower.
+    """
+    names, types = table.column_names, table.schema.types
+    pq.write_table(
+        pa.Table.from_arrays([_twin(c) for c in table.columns], names=names),
+        sink,
+        store_schema=False,
+        use_dictionary=[n for n, t in zip(names, types, strict=True) if n in _FEW or pa.types.is_string(t)],
+        compression="lz4",
+        write_statistics=[
+            n for n, t in zip(names, types, strict=True) if n not in _SPANNING and pa.types.is_integer(t)
+        ],
+    )
+
+
+_FEW = ("M", "K", "N", "numel")  # a tensor's sizes: a handful of values, which a dictionary packs best
 _SPANNING = ("site", "op_type", "role", "stat", "M", "K", "N", "numel", "idx", "value")
 
 
