@@ -86,3 +86,82 @@ def test_unknown_shapes_keep_their_own_index():
     feeds = {"x": np.random.default_rng(1).standard_normal((6, 40)).astype(np.float32)}
     values = tensor_values(model, tapped_names(live), feeds)
     check_taps(live, run_all(inst, feeds), values, manifest.sketch_options())
+
+
+ROWS = ["pos_sumsq", "adj_sumsq"]
+
+
+def row_groups(model, live) -> set:
+    """The (graph, shape, axes) of the taps that read rows: one shared index each."""
+    table = infer_shapes(model)
+    return {
+        (t.graph, tuple(table.shape(t.tensor)), t.info().axes()) for t in live if sk.reads_rows(t.sketches)
+    }
+
+
+def ranges(model) -> tuple[int, int]:
+    """(Range nodes of the shared indices, Range nodes inside the taps' If branches)."""
+    shared = sum(n.op_type == "Range" and n.name.startswith("opscope_r") for n in model.graph.node)
+    own = 0
+    stack = [a.g for n in model.graph.node for a in n.attribute if a.g.node]
+    while stack:
+        g = stack.pop()
+        own += sum(n.op_type == "Range" for n in g.node)
+        stack.extend(a.g for n in g.node for a in n.attribute if a.g.node)
+    return shared, own
+
+
+@pytest.mark.parametrize("sizes", [{"hw": 64}, {"hw": 96, "n": 2}])
+def test_det_taps_share_one_row_index_per_shape(sizes):
+    """pos_sumsq and adj_sumsq on ppocrv4_det's symbolic shapes: three Ranges (rows, pairs, the pairs'
+    rows) per distinct (shape, axes), not per tap; every value equals numpy's at two input sizes."""
+    model = load_model(real_model_path("ppocrv4_det"))
+    inst, manifest = inject(model, None, ROWS, OPTS)
+    live = [t for t in manifest.taps if not t.constant and t.graph == ""]
+    groups = row_groups(model, live)
+    assert len(groups) < len(live) / 3
+    assert ranges(inst) == (3 * len(groups), 0)
+    feeds = real_feeds("ppocrv4_det", **sizes)
+    values = tensor_values(model, tapped_names(live), feeds)
+    assert check_taps(live, run_all(inst, feeds), values, OPTS) == sum(len(t.sketches) for t in live)
+
+
+def test_bert_like_row_index_shared_at_two_sequence_lengths():
+    """A transformer's [batch, seq, hidden] taps (channel last, rows along seq) share their rows and
+    pairs; the values still equal numpy's at a sequence length the shared index was not built for."""
+    from onnx_opscope import zoo
+    from onnx_opscope.run.feeds import FeedSpec, synthetic_feeds
+
+    model = zoo.bert_like(hidden=64, layers=2, heads=2, vocab=100, max_seq=64)
+    inst, manifest = inject(model, None, [*ROWS, "min"], OPTS)
+    live = [t for t in manifest.taps if not t.constant]
+    groups = row_groups(model, live)
+    assert ranges(inst) == (3 * len(groups), 0) and len(groups) < len(live) / 3
+    for seq in (7, 33):
+        feeds = synthetic_feeds(model, FeedSpec(dims={"batch": 2, "seq": seq}), seq)
+        values = tensor_values(model, tapped_names(live), feeds)
+        assert check_taps(live, run_all(inst, feeds), values, OPTS) == sum(len(t.sketches) for t in live)
+
+
+def test_static_shapes_take_constant_row_indices():
+    """Static shapes: rows and pairs are initializers, no index node at all."""
+    model = static_model()
+    inst, manifest = inject(model, None, ROWS, sk.SketchOptions(copy_out_max=0, max_rows=5, adj_pairs=3))
+    assert ranges(inst) == (0, 0)
+    live = [t for t in manifest.taps if not t.constant]
+    feeds = {"x": np.random.default_rng(2).standard_normal((6, 40)).astype(np.float32)}
+    values = tensor_values(model, tapped_names(live), feeds)
+    assert check_taps(live, run_all(inst, feeds), values, manifest.sketch_options()) == len(live) * len(ROWS)
+
+
+def test_unknown_shapes_keep_their_own_row_index():
+    """Taps of unknown rank (read as [rows, channels]) compute their own rows and pairs, as before."""
+    model = static_model()
+    for v in (model.graph.input[0], model.graph.output[0]):
+        v.type.tensor_type.ClearField("shape")
+    inst, manifest = inject(model, None, ROWS, sk.SketchOptions(copy_out_max=0))
+    live = [t for t in manifest.taps if not t.constant]
+    assert ranges(inst) == (0, 2 * 3 * len(live))  # rows, pairs and the pairs' rows in either branch
+    feeds = {"x": np.random.default_rng(4).standard_normal((6, 40)).astype(np.float32)}
+    values = tensor_values(model, tapped_names(live), feeds)
+    check_taps(live, run_all(inst, feeds), values, manifest.sketch_options())
