@@ -61,7 +61,7 @@ from ..sites import SHADOW_SUFFIX, Selection, Site, find_sites, select
 from .manifest import Manifest, TapRecord, manifest_path_for
 from .plan import plan_taps, tensor_type
 from .qdq import converts_s8_to_u8, dequantize, unsigned_pairs
-from .samples import shared_row_indices, shared_sample_indices
+from .samples import shared_sample_indices
 from .shadow import build_shadow
 from .templates import TapTemplates
 
@@ -307,14 +307,17 @@ def build(target: _Target, taps: list[TapRecord], options: sk.SketchOptions, pla
             if pos is None:  # after the last producer of what the tap reads (-1: graph inputs, outer tensors)
                 pos = max(-1 if (p := entry.producer_index(r)) is None else p for r in reads)
         live.append((k, tap, source, reads, prelude, pos))
-    in_graph = [(k, tap, pos) for k, tap, *_, pos in live if not tap.copied]
-    args = (target.table, target.opset, target.names, target.constants, options)
-    shared, index_nodes = shared_sample_indices(in_graph, *args)
-    rows_shared, row_nodes = shared_row_indices(in_graph, *args)
-    for made in (index_nodes, row_nodes):  # before the taps at the same position: they read them
-        for graph, at in made.items():
-            for pos, nodes in at.items():
-                inserts.setdefault(graph, {}).setdefault(pos, []).extend(nodes)
+    shared, index_nodes = shared_sample_indices(
+        [(k, tap, pos) for k, tap, *_, pos in live if not tap.copied],
+        target.table,
+        target.opset,
+        target.names,
+        target.constants,
+        options,
+    )
+    for graph, at in index_nodes.items():  # before the taps at the same position: they read them
+        for pos, nodes in at.items():
+            inserts.setdefault(graph, {}).setdefault(pos, []).extend(nodes)
     templates = TapTemplates(target.opset, options, target.names, target.constants)
     for k, tap, source, _, prelude, pos in live:
         if tap.copied:  # the tensor itself, under a name of ours (it may be an input or an output already)
@@ -327,7 +330,7 @@ def build(target: _Target, taps: list[TapRecord], options: sk.SketchOptions, pla
                 nodes, tap.outputs = [*marker, *nodes], {**raws, "tensor": copy}
         else:
             nodes, tap.outputs = templates.build(
-                f"opscope_t{k}_", source, tap.info(), tap.sketches, shared.get(k), rows_shared.get(k)
+                f"opscope_t{k}_", source, tap.info(), tap.sketches, shared.get(k)
             )
         inserts.setdefault(tap.graph, {}).setdefault(pos, []).extend([*prelude, *nodes])
     return inserts

@@ -1,4 +1,4 @@
-"""Sample and row indices shared by the taps of one size: made once per (graph, shape), not once per tap.
+"""Sample indices shared by the taps of one size: made once per (graph, element count), not once per tap.
 
 The sampled histogram and elemsig gather blocks of a tensor at positions that depend on its
 element count alone (`sketch.sample_index`: ~20 scalar nodes, ~1 µs each on CPU however
@@ -10,10 +10,6 @@ reading the Size of the first of those tensors, placed before the first of their
 This trusts the shape table as the rest of `inject` does (sites, copy-out, costs): a tensor
 whose runtime shape differed from its inferred one would read another tensor's positions.
 A tap whose shape is not fully known computes its own index, as before.
-
-pos_sumsq and adj_sumsq read rows and adjacent pairs whose positions depend on the shape and the
-tap's channel and seq axes alone (`sketch.RowIndex`, ~20 scalar nodes a tap otherwise): taps of one
-(graph, shape, axes) share them the same way (`shared_row_indices`).
 """
 
 from __future__ import annotations
@@ -65,42 +61,6 @@ def shared_sample_indices(
         else:
             _, first, pos = min(members, key=lambda e: e[2])
             index = sk.sample_index(b, b.op("Size", [first.tensor], "numel"), options)
-        if b.nodes:
-            nodes.setdefault(graph, {}).setdefault(pos, []).extend(b.nodes)
-        shared.update((k, index) for k, _, _ in members)
-    return shared, nodes
-
-
-def shared_row_indices(
-    taps: Sequence[tuple[int, TapRecord, int]],
-    table: ShapeTable,
-    opset: int,
-    names: Names,
-    constants: Constants | None,
-    options: sk.SketchOptions,
-) -> tuple[dict[int, sk.RowIndex], IndexNodes]:
-    """For the taps (number, record, insert position) with pos_sumsq or adj_sumsq: ({tap number: its
-    shared row index}, the nodes making the indices, by graph and position)."""
-    groups: dict[tuple, list[tuple[int, TapRecord, int]]] = {}
-    for entry in taps:
-        _, tap, _ = entry
-        info = tap.info()
-        if tap.dequant is not None or tap.tensor.endswith(SHADOW_SUFFIX):
-            continue
-        if not (sk.reads_rows(tap.sketches) and sk.shares_rows(info)):
-            continue
-        shape = table.shape(tap.tensor)
-        if shape is not None and len(shape) == info.rank and prod(shape) is not None:
-            groups.setdefault((tap.graph, tuple(shape), info.axes()), []).append(entry)
-    shared: dict[int, sk.RowIndex] = {}
-    nodes: IndexNodes = {}
-    for gid, ((graph, shape, _), members) in enumerate(groups.items()):
-        b = Builder(opset, names, f"opscope_r{gid}_", constants)
-        _, first, pos = min(members, key=lambda e: e[2])
-        if all(isinstance(d, int) for d in shape):
-            index = sk.RowIndex(*(b.i64(v) for v in sk.row_positions(shape, first.info(), options)))
-        else:
-            index = sk.row_index(b, first.tensor, first.info(), options)
         if b.nodes:
             nodes.setdefault(graph, {}).setdefault(pos, []).extend(b.nodes)
         shared.update((k, index) for k, _, _ in members)

@@ -1,7 +1,7 @@
 """Tap subgraphs built once per signature, then copied with the names swapped in their bytes.
 
 Two taps with the same signature (TapInfo, sketches, and the byte lengths of the names a tap
-is built from: its prefix, its tensor and, when it shares them, its sample and row indices) differ only
+is built from: its prefix, its tensor and, when it shares one, its sample index) differ only
 in those names. The first is built with placeholder names of the same byte lengths and
 serialized; each later one is a few byte replacements, exact because no protobuf length
 changes (`graph.wire`). Building ~150 nodes one by one in Python costs ~2.5 ms a tap (a
@@ -22,9 +22,8 @@ from ..graph.wire import Chunk, count_in_strings
 TAP_PREFIX = "opscope_t"
 
 # ASCII control characters no name uses, one pair per name a tap is built from; the first byte
-# of each placeholder differs from the rest, so an occurrence cannot overlap another one. The
-# later ones start with bytes no protobuf tag is (wire types 3 and 7), so they meet no field's bytes.
-_MARKS = ("\x1e\x1d", "\x1c\x1b", "\x1a\x19", "\x18\x17", "\x0f\x0e", "\x0b\x0a", "\x07\x06")
+# of each placeholder differs from the rest, so an occurrence cannot overlap another one.
+_MARKS = ("\x1e\x1d", "\x1c\x1b", "\x1a\x19", "\x18\x17")
 
 _Template = tuple[Chunk, tuple[bytes, ...], dict[str, str]]
 
@@ -44,21 +43,19 @@ class TapTemplates:
         info: sk.TapInfo,
         sketches: list[str],
         sample: sk.SampleIndex | None = None,
-        rows: sk.RowIndex | None = None,
     ) -> tuple[list[NodeProto] | list[Chunk], dict[str, str]]:
         """(the tap's nodes, as NodeProtos or as one encoded Chunk; raw -> output name).
-        `sample`, `rows`: the indices the tap shares with others of its shape (`instrument.samples`)."""
-        words = [prefix, tensor, *(sample or ()), *(rows or ())]
+        `sample`: the sample index the tap shares with others of its shape (`instrument.samples`)."""
+        words = [prefix, tensor, *(sample or ())]
         wb = [w.encode() for w in words]
-        shared = (sample is not None, rows is not None)
-        key = (info, tuple(sketches), shared, tuple(len(w) for w in wb))
+        key = (info, tuple(sketches), tuple(len(w) for w in wb))
         if self.enabled and key not in self.cache:
-            self.cache[key] = self._template(info, sketches, shared, [len(w) for w in wb])
+            self.cache[key] = self._template(info, sketches, [len(w) for w in wb])
         tpl = self.cache.get(key)
         if tpl is None:
             b = Builder(self.opset, self.names, prefix, self.constants)
             chosen = [sk.REGISTRY[n] for n in sketches]
-            return b.nodes, sk.build_tap(b, tensor, info, chosen, self.options, sample, rows)
+            return b.nodes, sk.build_tap(b, tensor, info, chosen, self.options, sample)
         chunk, marks, out = tpl
         data = chunk.data
         for m, w in zip(marks, wb):
@@ -70,14 +67,11 @@ class TapTemplates:
             names[r] = n
         return [Chunk(data, chunk.n)], names
 
-    def _template(
-        self, info: sk.TapInfo, sketches: list[str], shared: tuple[bool, bool], lengths: list[int]
-    ) -> _Template | None:
+    def _template(self, info: sk.TapInfo, sketches: list[str], lengths: list[int]) -> _Template | None:
         p, t, *s = (a + b * (n - 1) for (a, b), n in zip(_MARKS, lengths))
         b = Builder(self.opset, Names(), p, self.constants)
-        sample = sk.SampleIndex(*s[:2]) if shared[0] else None
-        rows = sk.RowIndex(*s[2 * shared[0] :]) if shared[1] else None
-        out = sk.build_tap(b, t, info, [sk.REGISTRY[n] for n in sketches], self.options, sample, rows)
+        sample = sk.SampleIndex(*s) if s else None
+        out = sk.build_tap(b, t, info, [sk.REGISTRY[n] for n in sketches], self.options, sample)
         g = GraphProto()
         g.node.extend(b.nodes)
         data = g.SerializeToString()

@@ -32,14 +32,14 @@ from .attention import ATTN_KRECV, ATTN_QMAX
 from .base import FINITE, OUTER, OnFinite, Raw, Sketch, Tolerance, finite_values
 from .batched import segmented
 from .channels import CHAN_MAXABS, CHAN_OUTLIER
-from .context import RowIndex, SampleIndex, sample_index
+from .context import SampleIndex, sample_index
 from .heads import HEAD_CHAN_MAXABS, HEAD_MAX, HEAD_MIN, HEAD_SUMSQ
 from .histogram import ELEMSIG, HIST, reads_samples, sample_blocks, sample_positions
 from .merge import Derived, Merge
 from .moments import INF_COUNT, KURTOSIS, L1, MAX, MEAN, MIN, NAN_COUNT, NNZ, SUMSQ
 from .options import HIST_MODES, SketchOptions, TapInfo, for_opset, for_providers
 from .routing import ROUTE_LOAD
-from .rows import ADJ_SUMSQ, POS_SUMSQ, reads_rows, row_index, row_positions, shares_rows
+from .rows import ADJ_SUMSQ, POS_SUMSQ
 from .streamed import streamable
 from .streamed import streamed_references as _streamed
 from .tap import build_tap, raw_dtype, raw_rank
@@ -219,13 +219,8 @@ __all__ = [
     "reference",
     "references",
     "resolve",
-    "RowIndex",
     "SampleIndex",
-    "reads_rows",
     "reads_samples",
-    "row_index",
-    "row_positions",
-    "shares_rows",
     "sample_blocks",
     "sample_index",
     "sample_positions",

@@ -56,16 +56,6 @@ class SampleIndex(NamedTuple):
     idx: str
 
 
-class RowIndex(NamedTuple):
-    """What pos_sumsq and adj_sumsq gather: the strided rows of the per-row energy (`pos`), the
-    first row t of each adjacent pair along the seq axis (`pairs`; t + 1 is the second) and the
-    strided entries of the pairs' sums (`adj`). ~20 scalar nodes a tap when each builds its own."""
-
-    pos: str
-    pairs: str
-    adj: str
-
-
 class TapContext:
     """Shared pieces of one tensor's tap at one level (outer, or one If branch). State is real: the memo."""
 
@@ -78,25 +68,17 @@ class TapContext:
         outer: TapContext | None = None,
         slow: bool | None = None,
         sample: SampleIndex | None = None,
-        rows: RowIndex | None = None,
     ):
         self.b, self.x, self.info, self.options = b, x, info, options
-        self._outer, self.slow, self.sample, self.rows_index = outer, slow, sample, rows
+        self._outer, self.slow, self.sample = outer, slow, sample
         self._memo: dict[str, str] = {}
 
     @classmethod
     def for_tensor(
-        cls,
-        b: Builder,
-        tensor: str,
-        info: TapInfo,
-        options: SketchOptions,
-        sample: SampleIndex | None = None,
-        rows: RowIndex | None = None,
+        cls, b: Builder, tensor: str, info: TapInfo, options: SketchOptions, sample: SampleIndex | None = None
     ) -> TapContext:
-        """The outer context of `tensor`, whose `x` is the tensor as float32; `sample` and `rows`: the
-        indices it shares with the taps of its shape (`instrument.samples`)."""
-        return cls(b, _as_float(b, tensor, info.elem_type), info, options, sample=sample, rows=rows)
+        """The outer context of `tensor`, whose `x` is the tensor as float32; `sample`: its shared sample index."""
+        return cls(b, _as_float(b, tensor, info.elem_type), info, options, sample=sample)
 
     def memo(self, key: str, make: Callable[[], str]) -> str:
         """`make()` the first time `key` is asked for at this level, the same tensor afterwards."""

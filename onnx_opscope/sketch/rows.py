@@ -5,78 +5,20 @@ MatMul operand of unknown rank is viewed as [rows, channels] = reshape(x, [-1, C
 `pos_sumsq` is Σx² over the channels, one value per row; `adj_sumsq` is Σ(row_{t+1} - row_t)²
 for `adj_pairs` evenly spaced pairs per sequence. Both keep at most `max_rows` values, evenly
 strided; non-finite values count as 0.
-
-Which rows and pairs are read depends on the tensor's shape alone (`RowIndex`): taps on tensors of
-one shape share one index (`instrument.samples`), as they share the sample's.
 """
 
 from __future__ import annotations
 
-import math
-from collections.abc import Sequence
-
 import numpy as np
 
-from ..graph.build import Builder
 from . import merge
 from .base import Sketch, Tolerance, cap_rows, row_view, ynorm, zero_nonfinite
-from .context import RowIndex, TapContext
+from .context import TapContext
 from .options import SketchOptions, TapInfo
 
 
-def reads_rows(sketches: Sequence[str]) -> bool:
-    """Whether a tap with these sketches gathers rows or pairs (`RowIndex`)."""
-    return "pos_sumsq" in sketches or "adj_sumsq" in sketches
-
-
-def shares_rows(info: TapInfo) -> bool:
-    """Whether a tap of this kind can take a shared `RowIndex`: known rank with a seq axis."""
-    axes = info.axes()
-    return axes is not None and axes[1] is not None
-
-
-def strided_positions(n: int, k_max: int) -> np.ndarray:
-    """`Builder.strided_indices` in numpy: floor(j·n/k) for j < k = min(n, k_max)."""
-    k = max(min(n, k_max), 0)
-    return (np.arange(k, dtype=np.int64) * n) // max(k, 1)
-
-
-def row_positions(shape: Sequence[int], info: TapInfo, o: SketchOptions) -> tuple[np.ndarray, ...]:
-    """(pos, pairs, adj) of a `RowIndex` for a static shape, as `row_index` computes them."""
-    ch, seq = info.axes()
-    pairs = strided_positions(shape[seq] - 1, o.adj_pairs)
-    rows = math.prod(d for a, d in enumerate(shape) if a != ch)
-    others = math.prod(d for a, d in enumerate(shape) if a not in (ch, seq))
-    return strided_positions(rows, o.max_rows), pairs, strided_positions(others * pairs.size, o.max_rows)
-
-
-def row_index(b: Builder, x: str, info: TapInfo, o: SketchOptions) -> RowIndex:
-    """The `RowIndex` of x (any dtype) from its shape at run time."""
-    ch, seq = info.axes()
-    shape = b.op("Shape", [x])
-
-    def product(axes: list[int]) -> str:
-        dims = [b.op("Gather", [shape, b.i64(a)], axis=0) for a in axes]
-        out = dims[0] if dims else b.i64(1)
-        for d in dims[1:]:
-            out = b.op("Mul", [out, d])
-        return out
-
-    rank = info.rank
-    pairs = b.strided_indices(b.op("Sub", [product([seq]), b.i64(1)]), o.adj_pairs)
-    others = product([a for a in range(rank) if a not in (ch, seq)])
-    return RowIndex(
-        b.strided_indices(product([a for a in range(rank) if a != ch]), o.max_rows),
-        pairs,
-        b.strided_indices(b.op("Mul", [others, b.op("Size", [pairs])]), o.max_rows),
-    )
-
-
 def _build_pos(c: TapContext) -> dict[str, str]:
-    at = c.outer.rows_index
-    if at is None:
-        return {"pos": c.b.strided(c.row_energy, c.options.max_rows), "ynorm": c.ynorm}
-    return {"pos": c.b.op("Gather", [c.row_energy, at.pos], axis=0), "ynorm": c.ynorm}
+    return {"pos": c.b.strided(c.row_energy, c.options.max_rows), "ynorm": c.ynorm}
 
 
 def _build_adj(c: TapContext) -> dict[str, str]:
@@ -86,11 +28,8 @@ def _build_adj(c: TapContext) -> dict[str, str]:
     ch, seq = c.axes()
     if seq is None:
         return {"adj": b.const(np.zeros(0, np.float32)), "ynorm": c.ynorm}
-    y, at = c.y, c.outer.rows_index
-    if at is None:
-        t = b.strided_indices(b.op("Sub", [b.dim(y, seq), b.i64(1)]), c.options.adj_pairs)
-    else:
-        t = at.pairs
+    y = c.y
+    t = b.strided_indices(b.op("Sub", [b.dim(y, seq), b.i64(1)]), c.options.adj_pairs)
     rank = c.info.rank or 2  # rank unknown: the [rows, channels] view
     moved = seq == rank - 1
     if moved:
@@ -106,9 +45,7 @@ def _build_adj(c: TapContext) -> dict[str, str]:
     adj = b.reduce("ReduceSum", b.op("Mul", [diff, diff]), [ch])
     if moved and rank > 2:
         adj = b.op("Transpose", [adj], perm=[*range(1, rank - 1), 0])
-    if at is None:
-        return {"adj": b.strided(b.flat(adj), c.options.max_rows), "ynorm": c.ynorm}
-    return {"adj": b.op("Gather", [b.flat(adj), at.adj], axis=0), "ynorm": c.ynorm}
+    return {"adj": b.strided(b.flat(adj), c.options.max_rows), "ynorm": c.ynorm}
 
 
 def _ref_pos(x: np.ndarray, info: TapInfo, o: SketchOptions) -> np.ndarray:

@@ -15,7 +15,7 @@ from onnx import TensorProto, helper
 
 from ..graph.build import Builder
 from .base import FINITE, OUTER, Sketch
-from .context import RowIndex, SampleIndex, TapContext
+from .context import SampleIndex, TapContext
 from .histogram import index_dtype
 from .options import SketchOptions, TapInfo
 
@@ -44,11 +44,10 @@ def build_tap(
     sketches: list[Sketch],
     o: SketchOptions,
     sample: SampleIndex | None = None,
-    rows: RowIndex | None = None,
 ) -> dict[str, str]:
     """Append to `b` the nodes computing `sketches` of tensor `x`; returns raw name -> tensor name.
-    `sample`, `rows`: indices shared with other taps of x's shape (else the tap computes its own)."""
-    outer = TapContext.for_tensor(b, x, info, o, sample, rows)
+    `sample`: a sample index shared with other taps of x's shape (else the tap computes its own)."""
+    outer = TapContext.for_tensor(b, x, info, o, sample)
     out = {"shape": outer.shape}
     for sk in sketches:
         if sk.stage == OUTER:
