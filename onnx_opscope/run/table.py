@@ -152,7 +152,7 @@ def _write_parquet(table: pa.Table, sink: pa.NativeFile) -> None:
     - label columns as their dictionary twins (no string hashing); without the Arrow schema in the
       file every reader reads them as the strings they are (the schema holds nothing else);
     - a dictionary only for the labels and the sizes: the step, indices and values are written
-      plain, and LZ4 (written as LZ4_RAW, which pyarrow, polars, DuckDB and Spark 3.3+ read)
+      plain, and LZ4 (written as LZ4_RAW, which pyarrow, polars, DuckDB and Spark 3.5+ read)
       packs them about as tightly as their dictionary did under snappy;
     - min/max statistics only for the integers that tell parts apart (step, position): every part
       spans all the labels, sizes, indices and values, so theirs could never skip a part, and a
@@ -168,14 +168,12 @@ def _write_parquet(table: pa.Table, sink: pa.NativeFile) -> None:
         store_schema=False,
         use_dictionary=[n for n, t in zip(names, types, strict=True) if n in _FEW or pa.types.is_string(t)],
         compression="lz4",
-        write_statistics=[
-            n for n, t in zip(names, types, strict=True) if n not in _SPANNING and pa.types.is_integer(t)
-        ],
+        write_statistics=[n for n in names if n in _PARTS],
     )
 
 
 _FEW = ("M", "K", "N", "numel")  # a tensor's sizes: a handful of values, which a dictionary packs best
-_SPANNING = ("site", "op_type", "role", "stat", "M", "K", "N", "numel", "idx", "value")
+_PARTS = ("step", "position")  # what tells parts apart: the only columns whose min/max can skip one
 
 
 def _twin(column: pa.ChunkedArray) -> pa.ChunkedArray | pa.Array:
