@@ -38,7 +38,7 @@ from onnx_opscope.instrument import (
 )
 from onnx_opscope.run.session import RuntimeConfig, make_session
 from onnx_opscope.sites import Selection
-from onnx_opscope.sketch.channels import outlier_ratio
+from onnx_opscope.sketch.channels import outlier_ratio, row_block
 from onnx_opscope.sketch.context import SAMPLE_BLOCK
 
 GRAPH = sk.SketchOptions(copy_out_max=0)  # taps built in the graph; copied-out taps: test_copy_out.py
@@ -542,6 +542,23 @@ def test_non_finite_rules(case):
         assert np.isfinite(got["y"]["sumsq"][0]) or got["y"]["inf_count"][0] > 0
     if case == "nan":  # channel 0 holds only NaN: no finite value
         assert np.isnan(g["chan_maxabs"][0]) and np.isfinite(g["chan_maxabs"][1:]).all()
+
+
+@pytest.mark.parametrize("opset", [13, 17])
+@pytest.mark.parametrize("rows", [197, 1500, 720, 14])
+def test_chan_maxabs_channel_last_blocks(rows, opset):
+    """Channel-last max|x| reduces the rows in blocks of `row_block(rows)` from opset 14 (1 for a prime count,
+    15 for 1500, 16 for 720, 2 for 14), transposed before: equal to numpy either way, with a NaN, an Inf and a
+    channel with no finite value (the masking branch) and without."""
+    rng = np.random.default_rng(rows)
+    x = rng.standard_t(3, (rows, 8)).astype(np.float32)
+    dirty = x.copy()
+    dirty[rows // 2, 2], dirty[-1, 5], dirty[:, 7] = NAN, INF, NAN
+    assert [row_block(rows) for rows in (197, 1500, 720, 14)] == [1, 15, 16, 2]
+    for v in (x, dirty):
+        got, _ = sketch_values(matmul_model(opset=opset), v)
+        chan = np.where(np.isfinite(v), np.abs(v), -np.inf).max(0).astype(np.float64)
+        np.testing.assert_array_equal(got["x"]["chan_maxabs"], np.where(np.isfinite(chan), chan, np.nan))
 
 
 def test_all_nan_tensor():

@@ -83,6 +83,11 @@ def scatter_add_available(opset: int) -> bool:
     return opset >= 16
 
 
+def reshape_allows_zero(opset: int) -> bool:
+    """Reshape can keep a 0 in its target as a zero dim (`allowzero`) from opset 14; before, 0 copies the input's dim."""
+    return opset >= 14
+
+
 def shape_takes_range(opset: int) -> bool:
     """Shape's `start` / `end` attributes exist from opset 15."""
     return opset >= 15
