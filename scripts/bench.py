@@ -699,7 +699,10 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--batches", type=int, help="timed batches per measurement (default 20, quick 3)")
     p.add_argument("--threads", type=int, help="intra-op threads in every session (default: onnxruntime's)")
     p.add_argument("--models", help="comma-separated case names to run (default: all)")
-    p.add_argument("--rows", help="row names to run, separated by ';' (default: all of the mode)")
+    p.add_argument(
+        "--rows",
+        help="row names to run, separated by ';' (default: all of the mode; with --sketches-alone, 'opscope only <sketch>' too)",
+    )
     p.add_argument("--sketches-alone", action="store_true", help="add one row per registered sketch")
     p.add_argument("--skip-extras", action="store_true", help="leave out injection, analysis and FLOP totals")
     p.add_argument("--profile", nargs="?", const="default", metavar="SKETCHES",
@@ -726,9 +729,6 @@ def main(argv: list[str] | None = None) -> int:
     s = settings_for(args)
     only = set(args.models.split(",")) if args.models else None
     rows = [r for r in ROWS if r.quick or not s.quick]
-    if args.rows:
-        keep = {r.strip() for r in args.rows.split(";")} | {PLAIN}
-        rows = [r for r in rows if r.name in keep]
     if args.sketches_alone:  # every sketch of the registry, opt-in ones included
         from onnx_opscope.sketch import ALL_SKETCHES
 
@@ -736,6 +736,9 @@ def main(argv: list[str] | None = None) -> int:
             Row(f"opscope only {n}", "opscope", {"sketches": [n], "hist_mode": "sampled"})
             for n in ALL_SKETCHES
         ]
+    if args.rows:  # "opscope only <sketch>" rows too, with --sketches-alone
+        keep = {r.strip() for r in args.rows.split(";")} | {PLAIN}
+        rows = [r for r in rows if r.name in keep]
     with tempfile.TemporaryDirectory(prefix="opscope-bench-") as tmp:
         work = Path(tmp)
         _log(f"preparing models and feeds in {work} ...")
