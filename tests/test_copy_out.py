@@ -55,6 +55,26 @@ def test_batched_equals_references_on_edge_cases(opts):
         assert_same(got, sk.references(NAMES, a, info, opts), f"{a.dtype}{a.shape}")
 
 
+def test_stacked_shape_bound_sketches_equal_references():
+    """chan_maxabs, chan_outlier, pos_sumsq, adj_sumsq and kurtosis of tensors of one shape, computed
+    over their stack (`batched.stacked`, `segmented`): NaN, Inf, a channel with no finite value, an
+    all-zero tensor (outlier NaN), one row (no pair), other dtypes, channel-last and unknown rank."""
+    rng = np.random.default_rng(3)
+    same = [rng.standard_normal((6, 5)).astype(np.float32) for _ in range(4)]
+    same[1][2, 3], same[1][4, 0] = np.nan, np.inf
+    same[2][:, 1] = np.nan
+    same[3][:] = 0
+    arrays = [*same, np.ones((1, 5), np.float32), np.arange(30).reshape(6, 5), same[0].astype(np.float16)]
+    infos = [sk.TapInfo(2, TensorProto.FLOAT, 1, 0, None)] * len(arrays)
+    last = [rng.standard_normal((2, 3, 4)).astype(np.float32) for _ in range(3)]
+    arrays += last + last
+    infos += [sk.TapInfo(3, TensorProto.FLOAT, -1, -2, None)] * 3 + [sk.TapInfo(None, TensorProto.FLOAT)] * 3
+    got = sk.batched_references([ALL] * len(arrays), arrays, infos, sk.SketchOptions())
+    for k, (a, g, info) in enumerate(zip(arrays, got, infos, strict=True)):
+        assert_same(g, sk.references(ALL, a, info, sk.SketchOptions()), f"{k}: {a.dtype}{a.shape}")
+    assert np.isnan(got[3]["chan_outlier"]).all() and got[4]["adj_sumsq"].size == 0
+
+
 def small_activations(name: str, feeds: dict) -> tuple[list[np.ndarray], list[str]]:
     """Every main-graph float activation of a real model with at most sample_size elements, run for real."""
     model = onnx.load(real_model_path(name))

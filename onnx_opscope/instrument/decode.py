@@ -314,6 +314,7 @@ class _Plan:
         self.const = [i for i, t in enumerate(taps) if t.constant]
         self.branch_taps = [(i, t.graph) for i, t in enumerate(taps) if t.graph and not t.constant]
         self.wanted = {n for i in self.copied for n in taps[i].sketches}
+        self.infos = {i: taps[i].info() for i in self.copied}
         # per copied tap, its sketches with no segmented form: listed once, not every batch (~2 µs a tap)
         self.unsegmented = {
             i: [n for n in taps[i].sketches if n not in sk_batched.SEGMENTED] for i in self.copied
@@ -406,6 +407,7 @@ class _Plan:
     def _copied(self, outputs, st: _Batch, one) -> None:
         """The copied taps that ran: the small ones kept for the segmented pass, the rest one by one."""
         taps, o = self.taps, self.opts
+        rest: list[tuple[int, list[str], np.ndarray]] = []
         for i in self.copied:
             t = taps[i]
             if not _copied_ran(t, outputs):
@@ -415,11 +417,16 @@ class _Plan:
             if 0 < a.size <= o.sample_size:
                 st.small.append(i)
                 st.arrays.append(a)
-                rest = self.unsegmented[i]
+                names = self.unsegmented[i]
             else:
-                rest = t.sketches
-            if rest:
-                one(i, sk.references(rest, a, t.info(), o))
+                names = t.sketches
+            if names:
+                rest.append((i, names, a))
+        if rest:
+            infos = [self.infos[i] for i, _, _ in rest]
+            got = sk.grouped_references([n for _, n, _ in rest], [a for _, _, a in rest], infos, o)
+            for (i, _, _), values in zip(rest, got):
+                one(i, values)
 
     def _in_graph(self, outputs, shapes, groups, pieces, one) -> None:
         """The in-graph taps that ran: the hot sketches finalized for all of them at once (`STACKED`)."""

@@ -30,7 +30,7 @@ import numpy as np
 from ..errors import OpscopeError, did_you_mean, listing
 from .attention import ATTN_KRECV, ATTN_QMAX
 from .base import FINITE, OUTER, OnFinite, Raw, Sketch, Tolerance, finite_values
-from .batched import segmented
+from .batched import SHAPED, segmented, stacked
 from .channels import CHAN_MAXABS, CHAN_OUTLIER
 from .context import SampleIndex, sample_index
 from .heads import HEAD_CHAN_MAXABS, HEAD_MAX, HEAD_MIN, HEAD_SUMSQ
@@ -153,10 +153,32 @@ def batched_references(
         together = segmented([arrays[i] for i in small], {n for i in small for n in names[i]}, o)
         for j, i in enumerate(small):
             out[i] = {n: together[n][j] for n in names[i] if n in together}
+    rest = [[n for n in names[i] if n not in out[i]] for i in range(len(arrays))]
+    for i, values in enumerate(grouped_references(rest, arrays, infos, o)):
+        out[i].update(values)
+    return out
+
+
+def grouped_references(
+    names: Sequence[Sequence[str]], arrays: Sequence[np.ndarray], infos: Sequence[TapInfo], o: SketchOptions
+) -> list[dict[str, np.ndarray]]:
+    """`references(names[i], arrays[i], infos[i], o)` for every i, in each one's order of `names[i]`: the
+    per-channel and per-row sketches (`batched.SHAPED`) of the non-empty tensors of one shape, dtype
+    and TapInfo stacked and computed together (`batched.stacked`), the rest tensor by tensor."""
+    groups: dict[tuple, list[int]] = {}
     for i, a in enumerate(arrays):
-        rest = [n for n in names[i] if n not in out[i]]
-        if rest:
-            out[i].update(references(rest, a, infos[i], o))
+        shaped = tuple(n for n in names[i] if n in SHAPED)
+        if shaped and a.size:
+            groups.setdefault((a.shape, a.dtype.str, infos[i], shaped), []).append(i)
+    found: list[dict[str, np.ndarray]] = [{} for _ in arrays]
+    for (_, _, info, shaped), members in groups.items():
+        for i, values in zip(members, stacked(list(shaped), [arrays[i] for i in members], info, o)):
+            found[i] = values
+    out = []
+    for i, a in enumerate(arrays):
+        rest = [n for n in names[i] if n not in found[i]]
+        values = references(rest, a, infos[i], o) if rest else {}
+        out.append({n: np.asarray(found[i].get(n, values.get(n)), np.float64).ravel() for n in names[i]})
     return out
 
 
@@ -213,6 +235,7 @@ __all__ = [
     "for_opset",
     "for_providers",
     "batched_references",
+    "grouped_references",
     "merge_parts",
     "raw_dtype",
     "raw_rank",
