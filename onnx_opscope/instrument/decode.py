@@ -405,7 +405,8 @@ class _Plan:
         return Rows.of_layout(layout.layout, pool[layout.gather])
 
     def _copied(self, outputs, st: _Batch, one) -> None:
-        """The copied taps that ran: the small ones kept for the segmented pass, the rest one by one."""
+        """The copied taps that ran: the small ones kept for the segmented pass, their other sketches (and a
+        larger one's) through `sketch.grouped_references`."""
         taps, o = self.taps, self.opts
         rest: list[tuple[int, list[str], np.ndarray]] = []
         for i in self.copied:

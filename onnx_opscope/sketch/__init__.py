@@ -146,7 +146,7 @@ def batched_references(
     names: Sequence[Sequence[str]], arrays: Sequence[np.ndarray], infos: Sequence[TapInfo], o: SketchOptions
 ) -> list[dict[str, np.ndarray]]:
     """`references(names[i], arrays[i], infos[i], o)` for every i, the segmented sketches of all the
-    small tensors computed together (`batched`); the rest tensor by tensor."""
+    small tensors computed together (`batched`); the rest through `grouped_references`."""
     small = [i for i, a in enumerate(arrays) if 0 < a.size <= o.sample_size]
     out: list[dict[str, np.ndarray]] = [{} for _ in arrays]
     if small:
