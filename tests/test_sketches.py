@@ -38,8 +38,8 @@ from onnx_opscope.instrument import (
 )
 from onnx_opscope.run.session import RuntimeConfig, make_session
 from onnx_opscope.sites import Selection
-from onnx_opscope.sketch.channels import outlier_ratio, row_block
-from onnx_opscope.sketch.context import SAMPLE_BLOCK
+from onnx_opscope.sketch.channels import outlier_ratio
+from onnx_opscope.sketch.context import SAMPLE_BLOCK, row_block
 
 GRAPH = sk.SketchOptions(copy_out_max=0)  # taps built in the graph; copied-out taps: test_copy_out.py
 CFG = RuntimeConfig(graph_opt="disable")

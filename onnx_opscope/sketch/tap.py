@@ -55,7 +55,9 @@ def build_tap(
     finite = [sk for sk in sketches if sk.stage == FINITE]
     if not finite:
         return out
-    split = outer.split(uses_rows=any(sk.uses_rows for sk in finite))
+    split = outer.split(
+        uses_rows=any(sk.uses_rows for sk in finite), uses_channels=any(sk.uses_channels for sk in finite)
+    )
     branches = []
     for slow in (True, False):
         sub = b.child()
