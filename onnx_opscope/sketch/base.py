@@ -49,9 +49,7 @@ class Sketch:
     stage: str = FINITE
     needs_rank: bool = False  # per-channel / per-row: skipped on tensors of unknown or zero rank
     uses_rows: bool = False  # reads the per-row Σx²: the finite check is then taken per row, and shared
-    uses_channels: bool = (
-        False  # reads the per-channel extremes: the fast branch's min and max come from them
-    )
+    uses_channels: bool = False  # reads per-channel extremes, which give the fast branch's min and max
     kinds: tuple[str, ...] = ()  # site kinds this sketch is made for (attn, route); () for every tensor
     scalars: tuple[str, ...] = ()  # its own raw outputs that are scalars (rank 0); the others are 1-D
     cost: str = ""  # what it costs on CPU, measured (BENCHMARKS.md, --sketches-alone)

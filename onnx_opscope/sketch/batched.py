@@ -160,11 +160,11 @@ def stacked(
     cost ~50 µs of Python (captcha_crnn's 162 copied taps, `--sketch all`: ~25 ms a batch)."""
     v = np.stack([row_view(a, info) for a in arrays])
     ch, seq = info.axes()
-    z = np.where(np.isfinite(v), v, 0.0)
+    finite = np.isfinite(v)
     got: dict[str, np.ndarray] = {}
     if "chan_maxabs" in names or "chan_outlier" in names:  # channels.CHAN_MAXABS, per tensor [T, C]
         other = tuple(1 + a for a in range(v.ndim - 1) if a != ch)
-        m = np.where(np.isfinite(v), np.abs(v), -np.inf).max(axis=other)
+        m = np.where(finite, np.abs(v), -np.inf).max(axis=other)
         chan = np.where(np.isfinite(m), m, np.nan).reshape(len(arrays), -1)
         got["chan_maxabs"] = chan
         fin = np.isfinite(chan)
@@ -173,6 +173,8 @@ def stacked(
             mean = np.where(fin, chan, 0.0).sum(axis=1) / fin.sum(axis=1)
             ratio = top / mean
         got["chan_outlier"] = np.where(fin.any(axis=1) & (mean != 0), ratio, np.nan)[:, None]
+    if "pos_sumsq" in names or "adj_sumsq" in names:  # the rows' sums, non-finite values as 0
+        z = np.where(finite, v, 0.0)
     if "pos_sumsq" in names:  # rows.POS_SUMSQ
         got["pos_sumsq"] = _cap_rows((z**2).sum(axis=1 + ch), o.max_rows)
     if "adj_sumsq" in names:  # rows.ADJ_SUMSQ
