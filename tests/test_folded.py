@@ -11,7 +11,7 @@ from test_sketches import check_taps, inline_taken_ifs, real_feeds, run_all, ten
 
 from onnx_opscope import sketch as sk
 from onnx_opscope.graph.index import ModelIndex
-from onnx_opscope.instrument import decode_taps, host_values, inject
+from onnx_opscope.instrument import decode_taps, host_values, inject, unpacked
 from onnx_opscope.instrument.folded import chain
 from onnx_opscope.sites import Selection
 
@@ -55,7 +55,7 @@ def test_layout_changes_of_a_weight_are_weight_taps():
     got, shape = host[taps["w32"].id]
     assert shape == [8, 6]
     np.testing.assert_array_equal(values["w32"], np.asarray(model_w(model).T, np.float32))
-    assert check_taps(manifest.taps, run_all(inst, feeds), values, OPTS, host) > 0
+    assert check_taps(manifest.taps, unpacked(manifest, run_all(inst, feeds)), values, OPTS, host) > 0
     # the instrumented model's own host values are the same (its chain is untouched)
     again = host_values(manifest, inst)
     for name in taps["w32"].sketches:
@@ -87,7 +87,7 @@ def test_silero_lstm_weights_are_folded():
     assert len(folded) == 8 and all(t.constant and not t.outputs for t in folded)
     feeds = real_feeds("silero_vad_v6")  # 16 kHz
     host = host_values(manifest, model)
-    outs = run_all(inst, feeds)
+    outs = unpacked(manifest, run_all(inst, feeds))
     decoded = decode_taps(manifest, outs, host)
     ran = [t for t in folded if decoded[t.id][1] is not None]
     assert len(ran) == 2  # W and R of the one LSTM whose branches ran
@@ -109,4 +109,4 @@ def test_a_chain_over_the_weight_budget_stays_in_the_graph(monkeypatch):
     assert not tap.constant and tap.outputs
     feeds = {"x": np.random.default_rng(1).standard_normal((2, 8)).astype(np.float32)}
     values = tensor_values(model, ["w32"], feeds)
-    assert check_taps([tap], run_all(inst, feeds), values, OPTS) == len(tap.sketches)
+    assert check_taps([tap], unpacked(manifest, run_all(inst, feeds)), values, OPTS) == len(tap.sketches)

@@ -21,6 +21,7 @@ from test_inference_sites import CFG, _check_shadow, _np_softmax, assert_matches
 
 from onnx_opscope import generate, inject, read_table
 from onnx_opscope.graph.io import load_model
+from onnx_opscope.instrument import unpacked
 from onnx_opscope.run.session import make_session
 from onnx_opscope.sites import SHADOW_SUFFIX, Selection, find_sites
 
@@ -140,7 +141,7 @@ def test_fused_op_sketches_equal_numpy(decoders):
     own_probs = _run(probe_sess, feeds)
     sketches = ["min", "max", "mean", "sumsq", "chan_maxabs", "attn_qmax", "attn_krecv"]
     instrumented, manifest = inject(model, Selection(kinds=("norm", "rotary", "attn")), sketches)
-    outs = _run(make_session(instrumented, CFG), feeds)
+    outs = unpacked(manifest, _run(make_session(instrumented, CFG), feeds))
     ref = intermediates(
         model, [t.tensor for t in manifest.taps if not t.tensor.endswith(SHADOW_SUFFIX)], feeds
     )

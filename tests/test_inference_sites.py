@@ -22,7 +22,7 @@ from onnx_opscope.findings import MineConfig, mine
 from onnx_opscope.graph.build import Builder
 from onnx_opscope.graph.index import Names
 from onnx_opscope.graph.io import load_model
-from onnx_opscope.instrument import decode, decode_tap, host_values, inject
+from onnx_opscope.instrument import decode, decode_tap, host_values, inject, unpacked
 from onnx_opscope.run.session import RuntimeConfig, make_session
 from onnx_opscope.sites import SHADOW_SUFFIX, Selection, find_sites, select
 from onnx_opscope.sketch.context import TapContext
@@ -34,7 +34,7 @@ def run_instrumented(model, feeds, sel=None, sketches=None, options=None):
     inst, manifest = inject(model, sel, sketches, options)
     sess = make_session(inst, CFG)
     outs = dict(zip([o.name for o in sess.get_outputs()], sess.run(None, feeds)))
-    return manifest, outs
+    return manifest, unpacked(manifest, outs)
 
 
 def intermediates(model: onnx.ModelProto, names: list[str], feeds) -> dict[str, np.ndarray]:

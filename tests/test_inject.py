@@ -37,7 +37,7 @@ from onnx_opscope import sketch as sk
 from onnx_opscope import zoo
 from onnx_opscope.errors import OpscopeError
 from onnx_opscope.graph import ModelIndex, iter_graphs, load_model
-from onnx_opscope.instrument import decode, decode_tap, decode_taps, host_values, inject, sites_of
+from onnx_opscope.instrument import decode, decode_tap, decode_taps, host_values, inject, sites_of, unpacked
 from onnx_opscope.run.kernels import keep_kernels
 from onnx_opscope.run.session import RuntimeConfig, make_session, run
 
@@ -190,7 +190,7 @@ def test_two_batch_sizes_and_sequence_lengths():
     host = host_values(manifest, inst)
     for batch, seq in ((1, 5), (3, 11)):
         feeds = zoo.example_feeds("transformer_block", model=model, dims={"batch": batch, "seq": seq})
-        outs = dict(zip(names, sess.run(None, feeds)))
+        outs = unpacked(manifest, dict(zip(names, sess.run(None, feeds))))
         assert_same_outputs(run_all(model, feeds), outs, True, f"{batch}x{seq}")
         taps = [t for t in manifest.taps if "hist" in t.sketches]
         values = tensor_values(model, tapped_names(taps), feeds)
@@ -208,7 +208,7 @@ def test_real_model_two_shapes():
     host = host_values(manifest, real_model_path("ppocrv4_rec"))
     for n, w in ((1, 64), (2, 96)):
         feeds = real_feeds("ppocrv4_rec", n=n, w=w)
-        outs = dict(zip(names, sess.run(None, feeds)))
+        outs = unpacked(manifest, dict(zip(names, sess.run(None, feeds))))
         assert_same_outputs(run_all(model, feeds), outs, True, f"rec {n}x{w}")
         rows = decode(manifest, outs, host)
         first = manifest.sites[0]
@@ -235,7 +235,7 @@ def test_silero_subgraph_sites_per_sample_rate():
     for sr, branch, samples in ((16000, "then_branch", 512), (8000, "else_branch", 256)):
         feeds = real_feeds("silero_vad_v6", sr=sr)
         feeds["input"] = feeds["input"][:, :samples]  # 8 kHz takes 256-sample chunks (512 fails in the model)
-        outs = dict(zip(names, sess.run(None, feeds)))
+        outs = unpacked(manifest, dict(zip(names, sess.run(None, feeds))))
         assert_same_outputs(run_all(model, feeds), outs, True, f"silero {sr}")
         decoded = decode_taps(manifest, outs, host)
         ran = _ran(manifest, decoded)
@@ -272,7 +272,7 @@ def test_if_model_both_branches_and_nested_if():
     seen_inner = set()
     for flag, gain in ((False, 1.0), (True, 0.1), (True, 3.0)):  # gain drives the inner If: mean(relu) > 0.5
         feeds = {"x": (gain * rng.standard_normal((2, 16))).astype(np.float32), "flag": np.array(flag)}
-        outs = dict(zip(names, sess.run(None, feeds)))
+        outs = unpacked(manifest, dict(zip(names, sess.run(None, feeds))))
         assert_same_outputs(run_all(model, feeds), outs, True, f"if {flag} {gain}")
         decoded = decode_taps(manifest, outs, host)
         ran = _ran(manifest, decoded)
@@ -301,7 +301,7 @@ def test_loop_and_scan_taps_are_stacked_per_iteration():
     model = zoo.build("loop")
     feeds = zoo.example_feeds("loop", model=model)
     inst, manifest = inject(model, None, ["all"])
-    outs = run_all(inst, feeds)
+    outs = unpacked(manifest, run_all(inst, feeds))
     plain = run_all(model, feeds)
     assert_same_outputs(plain, outs, True, "loop")
     mm = next(t for t in manifest.taps if t.tensor == "body_mm")
@@ -312,7 +312,7 @@ def test_loop_and_scan_taps_are_stacked_per_iteration():
     model = zoo.build("scan")
     feeds = zoo.example_feeds("scan", model=model, dims={"batch": 2, "seq": 7})
     inst, manifest = inject(model, None, ["all"])
-    outs = run_all(inst, feeds)
+    outs = unpacked(manifest, run_all(inst, feeds))
     plain = run_all(model, feeds)
     assert_same_outputs(plain, outs, True, "scan")
     opts = manifest.sketch_options()
@@ -400,7 +400,7 @@ def test_old_and_new_opsets(name, opset, ir):
     with_input = [n for n in reduces if len(n.input) == 2]
     assert (bool(with_attr), bool(with_input)) == ((True, False) if opset < 18 else (False, True))
     feeds = zoo.example_feeds(name, model=model)
-    outs = run_all(inst, feeds)
+    outs = unpacked(manifest, run_all(inst, feeds))
     assert_same_outputs(run_all(model, feeds), outs, True, name)
     taps = [t for t in manifest.taps if t.graph == ""]
     values = tensor_values(model, tapped_names(taps), feeds)

@@ -24,7 +24,7 @@ from onnx_opscope import sketch as sk
 from onnx_opscope.errors import OpscopeError
 from onnx_opscope.graph import Builder, Names, iter_graphs
 from onnx_opscope.graph.opset import MIN_TAP_OPSET, has_op
-from onnx_opscope.instrument import decode_taps, host_values
+from onnx_opscope.instrument import decode_taps, host_values, unpacked
 from onnx_opscope.sketch.tap import raw_dtype
 
 F = TensorProto.FLOAT
@@ -138,7 +138,7 @@ def test_old_opset_models_match_references(opset, sketches):
     assert [(o.domain, o.version) for o in inst.opset_import] == [("", opset)]
     onnx.checker.check_model(inst, full_check=True)  # every op exists at the model's opset
     assert not {op for op, since in NEWER_THAN.items() if since > opset} & _ops(inst)
-    outs = run_all(inst, feeds)
+    outs = unpacked(manifest, run_all(inst, feeds))
     assert_same_outputs(run_all(model, feeds), outs, True, f"opset {opset}")
     compared, constant = check_main_graph(model, feeds, manifest, outs)
     assert constant > 0
@@ -160,7 +160,7 @@ def test_old_opset_histogram_modes(opset, mode):
     if opts.hist_mode == "exact":
         assert manifest.options["exact_counts"] == "host"
         assert not {"Unique", "ScatterElements"} & _ops(inst)
-    outs = run_all(inst, feeds)
+    outs = unpacked(manifest, run_all(inst, feeds))
     compared, _ = check_main_graph(model, feeds, manifest, outs)
     assert compared > 0
 
@@ -185,7 +185,7 @@ def test_old_opset_non_finite_tensors(opset, case):
     x = np.array(CASES[case], np.float32)
     inst, manifest = inject(model, None, ["all"], sk.SketchOptions(hist_mode="exact"))
     onnx.checker.check_model(inst, full_check=True)
-    outs = run_all(inst, {"x": x})
+    outs = unpacked(manifest, run_all(inst, {"x": x}))
     values = tensor_values(model, ["x", "W", "y"], {"x": x})
     assert (
         check_taps(manifest.taps, outs, values, manifest.sketch_options(), host_values(manifest, model)) > 30
@@ -333,7 +333,7 @@ def test_old_opset_taps_inside_if_and_loop_bodies(opset):
     x = np.arange(8, dtype=np.float32).reshape(2, 4) - 3
     for flag in (True, False):
         feeds = {"x": x, "flag": np.array(flag), "trips": np.array(3, np.int64)}
-        outs = run_all(inst, feeds)
+        outs = unpacked(manifest, run_all(inst, feeds))
         assert_same_outputs(run_all(model, feeds), outs, True, f"opset {opset} flag {flag}")
         decoded = decode_taps(manifest, outs, host_values(manifest, model))
         then_taps = [t for t in manifest.taps if t.graph.startswith("if/") and not t.constant]

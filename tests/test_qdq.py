@@ -23,7 +23,7 @@ from test_sketches import assert_sketch, dequantize, tensor_values
 
 from onnx_opscope import sites as sites_mod
 from onnx_opscope import sketch as sk
-from onnx_opscope.instrument import decode_tap, host_values, inject, sites_of
+from onnx_opscope.instrument import decode_tap, host_values, inject, sites_of, unpacked
 from onnx_opscope.run import record
 from onnx_opscope.run.feeds import FeedSpec, iter_feeds
 from onnx_opscope.run.kernels import KernelChangeWarning, keep_kernels
@@ -127,7 +127,7 @@ def test_quantized_taps_describe_the_dequantized_values(quantized, variant):
     needed = {n for t in taps for n in (t.tensor, t.dequant["scale"], t.dequant["zero_point"]) if n}
     values = tensor_values(model, sorted(needed), feeds)
     sess = make_session(instrumented, RuntimeConfig(graph_opt="disable"))
-    outs = dict(zip([o.name for o in sess.get_outputs()], sess.run(None, feeds)))
+    outs = unpacked(manifest, dict(zip([o.name for o in sess.get_outputs()], sess.run(None, feeds))))
     host = host_values(manifest, path)
     opts = manifest.sketch_options()
     compared = 0

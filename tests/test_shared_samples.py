@@ -13,7 +13,7 @@ from test_sketches import check_taps, real_feeds, run_all, tapped_names, tensor_
 
 from onnx_opscope import sketch as sk
 from onnx_opscope.graph.io import load_model
-from onnx_opscope.instrument import inject
+from onnx_opscope.instrument import inject, unpacked
 from onnx_opscope.shapes import infer_shapes
 from onnx_opscope.shapes.symbolic import Poly, prod
 
@@ -39,7 +39,9 @@ def test_det_taps_share_one_index_per_shape(sizes):
     assert opscope_ops(inst)["Range"] == len(shapes)
     feeds = real_feeds("ppocrv4_det", **sizes)
     values = tensor_values(model, tapped_names(live), feeds)
-    assert check_taps(live, run_all(inst, feeds), values, OPTS) == sum(len(t.sketches) for t in live)
+    assert check_taps(live, unpacked(manifest, run_all(inst, feeds)), values, OPTS) == sum(
+        len(t.sketches) for t in live
+    )
 
 
 def static_model() -> tuple:
@@ -72,7 +74,9 @@ def test_static_shapes_take_constant_indices():
     live = [t for t in manifest.taps if not t.constant]
     feeds = {"x": np.random.default_rng(0).standard_normal((6, 40)).astype(np.float32)}
     values = tensor_values(model, tapped_names(live), feeds)
-    assert check_taps(live, run_all(inst, feeds), values, opts) == len(live) * len(SAMPLED)
+    assert check_taps(live, unpacked(manifest, run_all(inst, feeds)), values, opts) == len(live) * len(
+        SAMPLED
+    )
 
 
 def test_unknown_shapes_keep_their_own_index():
@@ -85,4 +89,4 @@ def test_unknown_shapes_keep_their_own_index():
     assert opscope_ops(inst)["Range"] == len(live)
     feeds = {"x": np.random.default_rng(1).standard_normal((6, 40)).astype(np.float32)}
     values = tensor_values(model, tapped_names(live), feeds)
-    check_taps(live, run_all(inst, feeds), values, manifest.sketch_options())
+    check_taps(live, unpacked(manifest, run_all(inst, feeds)), values, manifest.sketch_options())

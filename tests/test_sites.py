@@ -13,7 +13,7 @@ from onnx_opscope import sketch as sk
 from onnx_opscope import zoo
 from onnx_opscope.errors import OpscopeError
 from onnx_opscope.graph.io import load_model
-from onnx_opscope.instrument import decode_tap, decode_taps, host_values, inject
+from onnx_opscope.instrument import decode_tap, decode_taps, host_values, inject, unpacked
 from onnx_opscope.sites import Selection, find_sites, select
 
 F = TensorProto.FLOAT
@@ -69,7 +69,7 @@ def test_gemm_transpose_axes(trans_a, trans_b):
     for ta in (0, 1):
         model = gemm_model(ta, trans_b)
         inst, manifest = inject(model, None, ["all"])
-        outs = run_all(inst, {"a": a.T.copy() if ta else a})
+        outs = unpacked(manifest, run_all(inst, {"a": a.T.copy() if ta else a}))
         tap = next(t for t in manifest.taps if t.tensor == "a")
         got[ta] = decode_tap(tap, outs, manifest.sketch_options())[0]
     for stat in ("chan_maxabs", "pos_sumsq", "adj_sumsq", "sumsq"):
@@ -129,7 +129,7 @@ def test_quantized_roles():
     model = zoo.build("quantized")
     feeds = zoo.example_feeds("quantized", model=model)
     inst, manifest = inject(model)
-    outs = run_all(inst, feeds)
+    outs = unpacked(manifest, run_all(inst, feeds))
     lhs = next(t for t in manifest.taps if t.tensor == "a/dynamic_quantize_output_0")
     assert lhs.elem_type == TensorProto.UINT8
     got = decode_tap(lhs, outs, manifest.sketch_options())[0]
@@ -144,7 +144,7 @@ def test_models_without_matmul_are_instrumented_by_default(name):
     kinds = {s.op_type for s in manifest.sites}
     assert kinds >= ({"Conv", "ConvTranspose", "Gemm"} if name == "cnn" else {"GRU", "LSTM", "RNN"})
     feeds = zoo.example_feeds(name, model=model)
-    outs = run_all(inst, feeds)
+    outs = unpacked(manifest, run_all(inst, feeds))
     decoded = decode_taps(manifest, outs, host_values(manifest, model))
     assert any(t.constant for t in manifest.taps)
     for t in manifest.taps:

@@ -35,6 +35,7 @@ from onnx_opscope.instrument import (
     decode_taps,
     host_values,
     inject,
+    unpacked,
 )
 from onnx_opscope.run.session import RuntimeConfig, make_session
 from onnx_opscope.sites import Selection
@@ -89,7 +90,7 @@ def real_case(name: str) -> tuple[onnx.ModelProto, dict, onnx.ModelProto, Manife
     inst, manifest = instrumented_real(name)
     feeds = real_feeds(name)
     sess = real_session(name)
-    outs = dict(zip([o.name for o in sess.get_outputs()], sess.run(None, feeds)))
+    outs = unpacked(manifest, dict(zip([o.name for o in sess.get_outputs()], sess.run(None, feeds))))
     return load_model(real_model_path(name)), feeds, inst, manifest, outs
 
 
@@ -303,7 +304,7 @@ def test_default_sketches_match_reference_on_generated_models(name):
     model = zoo.build(name)
     feeds = zoo.example_feeds(name, model=model)
     inst, manifest = inject(model, None, ["all"], GRAPH)
-    compared, _ = check_main_graph(model, feeds, manifest, run_all(inst, feeds))
+    compared, _ = check_main_graph(model, feeds, manifest, unpacked(manifest, run_all(inst, feeds)))
     assert compared > 0
 
 
@@ -315,7 +316,7 @@ def test_bert_like_float32_min_mask():
     mask[1, 10:] = 0
     feeds = {"input_ids": ids, "attention_mask": mask}
     inst, manifest = inject(model, None, ["all"], GRAPH)
-    outs = run_all(inst, feeds)
+    outs = unpacked(manifest, run_all(inst, feeds))
     compared, _ = check_main_graph(model, feeds, manifest, outs)
     assert compared > 0
     decoded = decode_taps(manifest, outs, host_values(manifest, model))
@@ -328,7 +329,7 @@ def test_loop_body_taps_merge_per_iteration():
     model = zoo.build("loop")
     feeds = zoo.example_feeds("loop", model=model)
     inst, manifest = inject(model, None, ["all"], GRAPH)
-    outs = run_all(inst, feeds)
+    outs = unpacked(manifest, run_all(inst, feeds))
     opts = manifest.sketch_options()
     taps = [t for t in manifest.taps if t.graph == "loop/body"]
     assert {t.tensor for t in taps} == {"state_in", "loop.weight", "body_mm"}
@@ -412,7 +413,7 @@ def test_hist_modes_match_reference(name, opts):
         live = sum(not t.constant for t in manifest.taps)
         assert len(hidx) == (live if opts.exact_counts == "host" else 0)
         assert all(o.type.tensor_type.elem_type == TensorProto.UINT8 for o in hidx)
-    outs = run_all(inst, feeds)
+    outs = unpacked(manifest, run_all(inst, feeds))
     compared, _ = check_main_graph(model, feeds, manifest, outs)
     assert compared == len(manifest.taps) >= 12
     values = tensor_values(model, [t.tensor for t in manifest.taps], feeds)
@@ -450,7 +451,7 @@ def test_exact_hist_on_opset11_counts_with_unique():
     assert "Unique" in ops
     onnx.checker.check_model(inst)
     feeds = zoo.example_feeds("opset11_mlp", model=model)
-    outs = run_all(inst, feeds)
+    outs = unpacked(manifest, run_all(inst, feeds))
     compared, _ = check_main_graph(model, feeds, manifest, outs)
     assert compared > 0
     hist_taps = [t for t in manifest.taps if "hist" in t.sketches]
@@ -485,7 +486,7 @@ def sketch_values(model, x: np.ndarray, opts: sk.SketchOptions | None = None):
     """(per tensor name: sketch values, the tensors' true values) with every default sketch on x, W, y."""
     opts = opts or sk.SketchOptions(copy_out_max=0, hist_mode="exact")
     inst, manifest = inject(model, None, ["all"], opts)
-    outs = run_all(inst, {"x": x})
+    outs = unpacked(manifest, run_all(inst, {"x": x}))
     values = tensor_values(model, ["x", "W", "y"], {"x": x})
     host = host_values(manifest, model)
     decoded = decode_taps(manifest, outs, host)

@@ -7,6 +7,8 @@
 - `folded`: tensors made from weights alone, tapped as weights;
 - `shadow`: the softmax a fused attention op keeps inside its kernel, rebuilt next to it;
 - `manifest`: what every extra output means (saved as JSON beside the model);
+- `packing`: the main graph's small raws joined into three outputs (each output costs ~2 µs a
+  run), and `unpacked`, which reads them back by name;
 - `decode` and `rows`: outputs -> sketch values -> tidy rows (Arrow);
 - `host`: the sketches of weights, computed once on the host instead of in the graph.
 """
@@ -15,6 +17,7 @@ from .decode import HostValues, decode, decode_many, decode_tap, decode_taps, ge
 from .host import host_values
 from .inject import PLACEMENTS, Instrumented, inject, inject_file, sites_of
 from .manifest import Manifest, SiteRecord, TapRecord, load_manifest, manifest_path_for
+from .packing import unpacked
 from .rows import Rows
 
 __all__ = [
@@ -34,6 +37,7 @@ __all__ = [
     "inject",
     "inject_file",
     "sites_of",
+    "unpacked",
     "load_manifest",
     "manifest_path_for",
 ]

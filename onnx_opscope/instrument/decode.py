@@ -27,6 +27,7 @@ from .. import sketch as sk
 from ..errors import OpscopeError
 from ..sketch import batched as sk_batched
 from .manifest import Manifest, SiteRecord, TapRecord
+from .packing import Unpacked, unpacked
 from .rows import Coded, RowLayout, Rows
 
 HostValues = dict[str, tuple[dict[str, np.ndarray], list[int]]]  # what host.host_values returns
@@ -146,6 +147,7 @@ def decode_taps(
             hint="host_values reads the weights once from the source or the instrumented model",
         )
     opts = manifest.sketch_options()
+    outputs = unpacked(manifest, outputs)
     decoded = {t.id: decode_tap(t, outputs, opts) for t in manifest.taps if not (t.constant or t.copied)}
     copied = [t for t in manifest.taps if t.copied]
     decoded.update({t.id: ({}, None) for t in copied})  # until they are known to have run
@@ -182,7 +184,7 @@ def decode(manifest: Manifest, outputs: dict[str, np.ndarray], host: HostValues 
     passed to every decode; needed when the manifest has weight taps (`TapRecord.constant`).
     The rows are those of `rows_of(manifest, decode_taps(...))`, built the fast way (`_Plan`).
     """
-    return _plan_of(manifest).rows(outputs, host)
+    return _plan_of(manifest).rows(unpacked(manifest, outputs), host)
 
 
 def decode_many(
@@ -190,7 +192,7 @@ def decode_many(
 ) -> list[Rows]:
     """`decode` of several runs, in order: the same rows, the small copied tensors of all of them
     sketched together (what `record` does with the batches that pile up while it decodes)."""
-    return _plan_of(manifest).rows_group(batches, host)
+    return _plan_of(manifest).rows_group([unpacked(manifest, b) for b in batches], host)
 
 
 def rows_of(manifest: Manifest, decoded: dict[str, tuple[dict[str, np.ndarray], list[int] | None]]) -> Rows:
@@ -645,6 +647,11 @@ def _stacked_raws(
     for raw in need:
         if any(raw not in taps[i].outputs for i in idx):
             return None
+        if isinstance(outputs, Unpacked):  # packed: one gather, or the samples pack as it is
+            members = [taps[i].outputs[raw] for i in idx]
+            got[raw] = outputs.samples(members) if raw == "samples" else outputs.scalars(members)
+            if got[raw] is not None:
+                continue
         arrays = [outputs[taps[i].outputs[raw]] for i in idx]
         if raw == "samples":  # float32 as the graph made them: the histogram bins them in float32
             flat = [np.asarray(a).ravel() for a in arrays]
@@ -667,6 +674,7 @@ def tap_samples(manifest: Manifest, outputs: dict[str, np.ndarray]) -> dict[str,
     elemsig (but for Loop/Scan taps, whose elemsig merges the iterations'). Weights have none: they do
     not change between runs. What online sketches (`record(online=True)`) read; `decode` is untouched."""
     opts = manifest.sketch_options()
+    outputs = unpacked(manifest, outputs)
     out: dict[str, np.ndarray] = {}
     for t in manifest.taps:
         if t.constant:

@@ -11,7 +11,8 @@ extra graph outputs after the original ones, whose names and order do not change
    per tensor shape that the taps share (`samples`), shadow softmaxes of fused attention ops
    (`shadow`), and where they go in their graph;
 4. `expose_all`: every raw output carried up to the model's outputs through If branches and
-   Loop / Scan bodies (`graph.expose`);
+   Loop / Scan bodies (`graph.expose`), but the main graph's small raws, which `packing` joins
+   into three outputs (each output costs ~2 µs a run, more than a small tap's nodes);
 5. `splice_all`: the nodes inserted, deepest graphs first (`graph.wire.splice`);
 6. the `Manifest`, which says what every extra output means.
 
@@ -59,6 +60,7 @@ from ..shapes import ShapeTable, infer_shapes
 from ..shapes.symbolic import evaluate
 from ..sites import SHADOW_SUFFIX, Selection, Site, find_sites, select
 from .manifest import Manifest, TapRecord, manifest_path_for
+from .packing import pack_of, pack_outputs
 from .plan import plan_taps, tensor_type
 from .qdq import converts_s8_to_u8, dequantize, unsigned_pairs
 from .samples import shared_sample_indices
@@ -132,6 +134,9 @@ def inject(
         mark_copied(taps, target.table, options.copy_out_max, shapes, target.index, target.light)
     inserts = build(target, taps, options, placement)
     expose_all(target, taps, options)
+    main = target.index.main.graph
+    pack_nodes, packed = pack_outputs(main, target.opset, target.names, target.constants, taps, options)
+    inserts.setdefault("", {}).setdefault(len(main.node) - 1, []).extend(pack_nodes)  # after all else
     splice_all(target.index, inserts)
     if target.constants is not None:
         target.model.graph.initializer.extend(target.constants.tensors)
@@ -145,6 +150,7 @@ def inject(
         placement,
         site_records,
         taps,
+        packed=packed,
     )
     return Instrumented(target.model, manifest)
 
@@ -344,7 +350,8 @@ def _dequantize(target: _Target, k: int, tap: TapRecord) -> tuple[str, list[Node
 
 def expose_all(target: _Target, taps: list[TapRecord], options: sk.SketchOptions) -> None:
     """Make every raw output of every tap a model output; fills `outputs` with the model-level names
-    and `stacked` with the Loop / Scan levels each tap's outputs gained."""
+    and `stacked` with the Loop / Scan levels each tap's outputs gained. Raws that go into a pack
+    (`packing.pack_of`) are left to `packing.pack_outputs`."""
     for tap in taps:
         if tap.copied:
             if "shape" in tap.outputs:
@@ -362,6 +369,8 @@ def expose_all(target: _Target, taps: list[TapRecord], options: sk.SketchOptions
             continue
         chosen = [sk.REGISTRY[n] for n in tap.sketches]
         for raw, name in list(tap.outputs.items()):
+            if pack_of(tap, raw, options) is not None:
+                continue
             tap.outputs[raw], tap.stacked = expose(
                 target.index,
                 tap.graph,

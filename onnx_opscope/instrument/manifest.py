@@ -17,6 +17,7 @@ the host and passed to `decode(..., host=...)`.
 
 from __future__ import annotations
 
+import functools
 import json
 import os
 from dataclasses import asdict, dataclass, field
@@ -27,7 +28,7 @@ from ..files import write_text
 from ..sketch import SketchOptions, TapInfo
 
 FORMAT = "onnx-opscope/manifest"
-VERSION = 1
+VERSION = 2  # 2: the main graph's small raws packed into a few outputs (`packing`)
 
 
 @dataclass
@@ -85,12 +86,23 @@ class Manifest:
     # taps not placed because they would change what onnxruntime computes (run.kernels): one dict
     # per (site, role) with the tensor, the optimization level and the kernels that would change
     left_out: list[dict] = field(default_factory=list)
+    # the packed outputs (`packing`): {"output", "pack": shapes | scalars | samples, "raws": [[tap id, raw]]};
+    # a member's `TapRecord.outputs` name is then a tensor inside the model, read out of its pack
+    packed: list[dict] = field(default_factory=list)
 
     def sketch_options(self) -> SketchOptions:
         return SketchOptions.from_dict(self.options)
 
+    @functools.cached_property
+    def layout(self) -> PackLayout:
+        """Where each packed member lies in its pack (made on first use)."""
+        return PackLayout(self)
+
     def output_names(self) -> list[str]:
-        return [name for t in self.taps for name in t.outputs.values()]
+        """The model outputs a run fetches for the taps: the packs and every raw outside them."""
+        members = self.layout.members if self.packed else set()
+        own = [name for t in self.taps for name in t.outputs.values() if name not in members]
+        return own + [p["output"] for p in self.packed]
 
     def outputs(self) -> list[dict]:
         """One entry per appended output, as DESIGN.md's manifest lists them."""
@@ -99,11 +111,15 @@ class Manifest:
             for role, tap in s.roles.items():
                 uses.setdefault(tap, []).append([s.id, s.op_type, role])
         entries = []
+        where = self.layout.where if self.packed else {}
+        pack_of = self.layout.pack_of if self.packed else {}
         for t in self.taps:
             for raw, name in t.outputs.items():
+                at = where.get(name)
                 entries.append(
                     {
-                        "output": name,
+                        "output": pack_of.get(name, name),
+                        "at": None if at is None else [at[1], at[2]],
                         "tap": t.id,
                         "tensor": t.tensor,
                         "stat": raw,
@@ -123,6 +139,35 @@ class Manifest:
     def save(self, path: str | os.PathLike) -> Path:
         """Write the manifest JSON at `path`, whole or not at all."""
         return write_text(path, self.to_json())
+
+
+class PackLayout:
+    """Where each packed member (`packing`) lies in its pack: made once per manifest (`Manifest.layout`)."""
+
+    def __init__(self, manifest: Manifest):
+        by_id = {t.id: t for t in manifest.taps}
+        self.sample_size = manifest.sketch_options().sample_size
+        self.where: dict[str, tuple[str, int, int, bool]] = {}  # member -> (pack output, start, stop, scalar)
+        self.samples: tuple[str, list[str], list[str]] | None = None  # (output, members, their shape members)
+        for entry in manifest.packed:
+            out, pack = entry["output"], entry["pack"]
+            members = [(by_id[tid], raw) for tid, raw in entry["raws"]]
+            if pack == "samples":
+                self.samples = (
+                    out,
+                    [t.outputs[r] for t, r in members],
+                    [t.outputs["shape"] for t, _ in members],
+                )
+                continue
+            at = 0
+            for tap, raw in members:
+                n = tap.rank + 1 if pack == "shapes" else 1
+                self.where[tap.outputs[raw]] = (out, at, at + n, pack == "scalars")
+                at += n
+        self.pack_of = {  # member -> its pack's output
+            by_id[tid].outputs[raw]: e["output"] for e in manifest.packed for tid, raw in e["raws"]
+        }
+        self.members = set(self.pack_of)
 
 
 def load_manifest(path: str | os.PathLike) -> Manifest:

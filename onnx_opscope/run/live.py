@@ -58,6 +58,7 @@ from .. import sketch as sk
 from ..errors import OpscopeError
 from ..graph.io import ModelLike
 from ..instrument import Manifest, SiteRecord, TapRecord, inject
+from ..instrument.packing import unpacked
 from ..sites import Selection, Site
 from ..sketch import online
 from .kernels import checked_sites
@@ -178,6 +179,11 @@ class LiveRecorder:
         ]
         self._inputs = online.distinct_sketch()
         self._tap_names = [_sample_output(t) for t in self._taps]
+        # what a sampled call fetches: the samples' own outputs, or the packs they are in (all of them:
+        # a packed sample's length comes from its shape, in the shapes pack)
+        members = self.manifest.layout.members if self.manifest.packed else set()
+        packs = [p["output"] for p in self.manifest.packed]
+        self._fetch = [n for n in dict.fromkeys(self._tap_names) if n not in members] + packs
         # elemsig of each tapped tensor at the last sampled call (zero-padded to elemsig_k), and the
         # running sum and count of its step-to-step distances: one vectorized pass a sampled call
         k = self.options.elemsig_k
@@ -205,8 +211,10 @@ class LiveRecorder:
 
     def _sampled(self, output_names: Sequence[str] | None, feed: Mapping[str, Any], run_options: Any):
         names = list(output_names) if output_names is not None else list(self.manifest.original_outputs)
-        got = self.tapped.run(names + self._tap_names, dict(feed), run_options)
-        outputs, taps = got[: len(names)], got[len(names) :]
+        got = self.tapped.run(names + self._fetch, dict(feed), run_options)
+        outputs = got[: len(names)]
+        fetched = unpacked(self.manifest, dict(zip(self._fetch, got[len(names) :])))
+        taps = [fetched[n] for n in self._tap_names]
         with self._lock:
             if self.check == "always" or self.outputs_match is not True:
                 plain = self.session.run(output_names, feed, run_options)

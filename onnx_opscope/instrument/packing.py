@@ -1,0 +1,155 @@
+"""Packed outputs: the many small raws of the main graph's in-graph taps leave the model as three outputs.
+
+Every graph output costs ~2.2 µs in `InferenceSession.run` however small it is (an OrtValue, a
+numpy array and a dict entry each; 800 scalar outputs 1.9-3.3 ms against 0.7-0.9 ms for the
+same reductions concatenated into one, `scripts/bench_outputs.py`). A default tap has nine (its
+shape, its sample, seven scalars), more than its reductions cost on a small tensor. So the
+main graph's in-graph taps hand their raws to three packs, each one `Concat` at the end of the
+graph:
+
+- `shapes`: every tap's [1, *shape] (int64), of static length rank + 1;
+- `scalars`: every rank-0 float raw, each `Reshape`d to [1] (the Reshapes cost ~0.6 µs each,
+  a third of an output);
+- `samples`: every tap's sample, of a length the host works out from the tap's shape
+  (`histogram.sample_blocks`), so it needs no output of its own.
+
+Taps in subgraphs (their outputs are If outputs with "not run" markers, or stacked by Loop /
+Scan), copied taps and the other raws (per-channel vectors, bin indices) keep an output each.
+The manifest lists each pack with its (tap, raw) members in order (`Manifest.packed`), and
+`unpacked` gives the decode a run's outputs under the members' own names, sliced on first use.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Mapping
+
+import numpy as np
+from onnx import GraphProto, NodeProto, TensorProto
+
+from .. import sketch as sk
+from ..graph.build import Builder, Constants
+from ..graph.expose import add_output
+from ..graph.index import Names
+from ..sketch.histogram import SAMPLE_BLOCK
+from .manifest import Manifest, PackLayout, TapRecord
+
+PACKS = ("shapes", "scalars", "samples")
+_ELEM = {"shapes": TensorProto.INT64, "scalars": TensorProto.FLOAT, "samples": TensorProto.FLOAT}
+
+
+def pack_of(tap: TapRecord, raw: str, options: sk.SketchOptions) -> str | None:
+    """The pack a raw of `tap` goes into, or None when it keeps an output of its own."""
+    if tap.graph or tap.copied or tap.constant:
+        return None
+    if raw == "shape":
+        return "shapes" if tap.rank is not None else None
+    if raw == "samples":
+        return "samples"
+    chosen = [sk.REGISTRY[n] for n in tap.sketches]
+    if sk.raw_dtype(raw, options) == TensorProto.FLOAT and sk.raw_rank(raw, chosen) == 0:
+        return "scalars"
+    return None
+
+
+def pack_outputs(
+    graph: GraphProto,
+    opset: int,
+    names: Names,
+    constants: Constants | None,
+    taps: list[TapRecord],
+    options: sk.SketchOptions,
+) -> tuple[list[NodeProto], list[dict]]:
+    """The nodes that pack the packable raws of `taps` (to append after every other node of the main
+    `graph`, whose outputs they add) and the manifest's `packed` entries. A pack of one member is left
+    as that member's own output."""
+    members: dict[str, list[tuple[TapRecord, str]]] = {p: [] for p in PACKS}
+    for tap in taps:
+        for raw in tap.outputs:
+            pack = pack_of(tap, raw, options)
+            if pack is not None:
+                members[pack].append((tap, raw))
+    b = Builder(opset, names, "opscope_pack_", constants)
+    packed = []
+    for pack in PACKS:
+        got = members[pack]
+        if len(got) < 2:
+            for tap, raw in got:
+                add_output(graph, tap.outputs[raw], _ELEM[pack], 1 if pack != "scalars" else 0)
+            continue
+        parts = [tap.outputs[raw] for tap, raw in got]
+        if pack == "scalars":
+            one = b.i64([1])
+            parts = [b.op("Reshape", [p, one]) for p in parts]
+        out = names.fresh(f"opscope_packed_{pack}")
+        b.op("Concat", parts, out=out, axis=0)
+        add_output(graph, out, _ELEM[pack], 1)
+        packed.append({"output": out, "pack": pack, "raws": [[tap.id, raw] for tap, raw in got]})
+    return b.nodes, packed
+
+
+def sample_lengths(numels: np.ndarray, sample_size: int) -> np.ndarray:
+    """The length of `histogram.sample_positions(n, sample_size)` for each n: g * min(n / g, ceil(size / g))."""
+    g = np.where(numels % SAMPLE_BLOCK == 0, SAMPLE_BLOCK, 1)
+    return g * np.minimum(numels // g, -(-sample_size // g))
+
+
+class Unpacked(dict):
+    """A run's outputs, each packed member readable under its own name: sliced (a view) when first read."""
+
+    def __init__(self, outputs: Mapping, layout: PackLayout):
+        super().__init__(outputs)
+        self.layout = layout
+
+    def __missing__(self, key: str) -> np.ndarray:
+        where = self.layout.where.get(key)
+        if where is None:
+            samples = self.layout.samples
+            if samples is None or key not in samples[1]:
+                raise KeyError(key)
+            self._unpack_samples()
+            return self[key]
+        out, start, stop, scalar = where
+        v = np.asarray(super().__getitem__(out))[start:stop]
+        if scalar:  # rank 0, as its own output would be
+            v = v.reshape(())
+        self[key] = v
+        return v
+
+    def scalars(self, members: list[str]) -> np.ndarray | None:
+        """The values of scalar `members` of one pack as float64, one gather (the decode's hot path); None
+        when one is not a packed scalar."""
+        where = [self.layout.where.get(m) for m in members]
+        if not where or any(w is None or not w[3] or w[0] != where[0][0] for w in where):
+            return None
+        pack = np.asarray(super().__getitem__(where[0][0]))
+        return pack[np.fromiter((w[1] for w in where), np.int64, len(where))].astype(np.float64)
+
+    def samples(self, members: list[str]) -> tuple[np.ndarray, np.ndarray] | None:
+        """(the samples of `members`, one after another, their lengths) when they are the samples pack's
+        members in its order (the decode's hot path: the pack itself, no copy); else None."""
+        got = self.layout.samples
+        if got is None or members != got[1]:
+            return None
+        return np.asarray(super().__getitem__(got[0])), self._sample_lengths()
+
+    def _sample_lengths(self) -> np.ndarray:
+        shapes = self.layout.samples[2]
+        numels = np.array([math.prod(self[s][1:].tolist()) for s in shapes], np.int64)
+        return sample_lengths(numels, self.layout.sample_size)
+
+    def _unpack_samples(self) -> None:
+        out, members, _ = self.layout.samples
+        ends = np.cumsum(self._sample_lengths()).tolist()
+        flat = np.asarray(super().__getitem__(out))
+        if ends and ends[-1] != flat.size:
+            raise ValueError(f"{out}: {flat.size} values where its members' shapes make {ends[-1]}")
+        for member, start, stop in zip(members, [0, *ends[:-1]], ends):
+            self[member] = flat[start:stop]
+
+
+def unpacked(manifest: Manifest, outputs: Mapping) -> Mapping:
+    """`outputs` with the packed members readable by name (as is when nothing is packed, or done)."""
+    if not manifest.packed or isinstance(outputs, Unpacked):
+        return outputs
+    return Unpacked(outputs, manifest.layout)

@@ -1,0 +1,135 @@
+"""Packed outputs (instrument.packing): the main graph's small raws leave the model in three outputs, and
+each reads back under its own name exactly as its own output would have given it."""
+
+from __future__ import annotations
+
+import json
+
+import numpy as np
+import onnx
+import pytest
+from conftest import real_model_path
+from test_sketches import real_feeds, run_all
+
+from onnx_opscope import zoo
+from onnx_opscope.errors import OpscopeError
+from onnx_opscope.instrument import inject, load_manifest, unpacked
+from onnx_opscope.instrument.packing import PACKS, pack_of, sample_lengths
+from onnx_opscope.sketch import SketchOptions
+from onnx_opscope.sketch.histogram import sample_positions
+
+GRAPH = SketchOptions(copy_out_max=0)  # every tap in the graph: the packs get every main-graph tap
+
+
+def with_members_exposed(inst: onnx.ModelProto, manifest) -> onnx.ModelProto:
+    """A copy of `inst` whose packed members are graph outputs of their own too: the reference."""
+    m = onnx.ModelProto()
+    m.CopyFrom(inst)
+    have = {o.name for o in m.graph.output}
+    m.graph.output.extend(
+        onnx.helper.make_empty_tensor_value_info(n) for n in sorted(manifest.layout.members - have)
+    )
+    return m
+
+
+def check_members(inst, manifest, feeds) -> int:
+    """Every packed member, read out of its pack, equals the tensor itself (values, dtype and shape)."""
+    own = run_all(with_members_exposed(inst, manifest), feeds)
+    packed = run_all(inst, feeds)
+    assert set(packed) == set(manifest.original_outputs) | set(manifest.output_names())
+    got = unpacked(manifest, packed)
+    for name in manifest.layout.members:
+        want = np.asarray(own[name])
+        assert got[name].dtype == want.dtype and got[name].shape == want.shape, name
+        np.testing.assert_array_equal(got[name], want, err_msg=name)
+    return len(manifest.layout.members)
+
+
+@pytest.mark.parametrize("dims", [{"batch": 1, "seq": 5}, {"batch": 3, "seq": 11}])
+def test_members_read_back_as_their_own_outputs_at_two_shapes(dims):
+    """Symbolic dims: the samples' offsets follow each run's shapes."""
+    model = zoo.build("transformer_block")
+    inst, manifest = inject(model, None, None, GRAPH)
+    feeds = zoo.example_feeds("transformer_block", model=model, dims=dims)
+    assert {p["pack"] for p in manifest.packed} == set(PACKS)
+    assert check_members(inst, manifest, feeds) > 3 * len([t for t in manifest.taps if not t.constant])
+
+
+def test_det_outputs_shrink_to_the_packs():
+    """ppocrv4_det, default set, every tap in the graph: 8-9 outputs a tap become three in all."""
+    path = real_model_path("ppocrv4_det")
+    inst, manifest = inject(path, None, None, GRAPH)
+    live = [t for t in manifest.taps if not t.constant]
+    assert live and all(not t.graph for t in live)
+    raws = sum(len(t.outputs) for t in live)
+    own = [n for n in manifest.output_names() if not n.startswith("opscope_packed_")]
+    assert len(manifest.output_names()) == 3 and not own and raws >= 8 * len(live)
+    assert len(inst.graph.output) == len(manifest.original_outputs) + 3
+    assert check_members(inst, manifest, real_feeds("ppocrv4_det")) == raws
+
+
+def test_subgraph_copied_and_vector_raws_keep_their_own_outputs():
+    """Taps in If branches, copied taps and per-channel vectors are not packed."""
+    model = zoo.build("if_model")
+    inst, manifest = inject(model, None, ["min", "max", "chan_maxabs"], SketchOptions(copy_out_max=0))
+    opts = manifest.sketch_options()
+    sub = [t for t in manifest.taps if t.graph and not t.constant]
+    assert sub and all(pack_of(t, raw, opts) is None for t in sub for raw in t.outputs)
+    names = set(manifest.output_names())
+    assert all(t.outputs[r] in names for t in sub for r in t.outputs)
+    check_members(inst, manifest, zoo.example_feeds("if_model", model=model))
+    model = zoo.build("transformer_block")
+    feeds = zoo.example_feeds("transformer_block", model=model)
+    shapes = {k: v.shape for k, v in feeds.items()}
+    inst, manifest = inject(
+        model, None, ["min", "chan_maxabs"], SketchOptions(copy_out_max=1024), input_shapes=shapes
+    )
+    copied = [t for t in manifest.taps if t.copied]
+    vectors = [t for t in manifest.taps if "chan_abs" in t.outputs]
+    assert copied and vectors and {p["pack"] for p in manifest.packed} == {"shapes", "scalars"}
+    names = set(manifest.output_names())
+    assert all(t.outputs["tensor"] in names for t in copied)
+    assert all(t.outputs["chan_abs"] in names for t in vectors)
+    check_members(inst, manifest, feeds)
+
+
+def test_sample_lengths_are_those_of_the_sample_positions():
+    n = np.array([0, 1, 15, 16, 17, 100, 4096, 4097, 4112, 65536, 65537, 10**6])
+    for size in (100, 4096):
+        want = [sample_positions(int(k), size).size for k in n]
+        assert sample_lengths(n, size).tolist() == want
+
+
+def test_a_pack_of_the_wrong_length_is_an_error():
+    model = zoo.build("transformer_block")
+    inst, manifest = inject(model, None, None, GRAPH)
+    outs = run_all(inst, zoo.example_feeds("transformer_block", model=model))
+    samples = next(p["output"] for p in manifest.packed if p["pack"] == "samples")
+    outs[samples] = outs[samples][:-1]
+    member = manifest.layout.samples[1][0]
+    with pytest.raises(ValueError, match="values where its members' shapes make"):
+        unpacked(manifest, outs)[member]
+
+
+def test_manifest_lists_each_member_in_its_pack(tmp_path):
+    """The JSON's `outputs` view says where each member lies; the packs survive a save and load."""
+    model = zoo.build("transformer_block")
+    _, manifest = inject(model, None, None, GRAPH)
+    path = manifest.save(tmp_path / "m.manifest.json")
+    entries = json.loads(path.read_text())["outputs"]
+    packs = {p["output"]: p["pack"] for p in manifest.packed}
+    scalars = [e for e in entries if packs.get(e["output"]) == "scalars"]
+    assert scalars and [e["at"] for e in scalars] == [[i, i + 1] for i in range(len(scalars))]
+    assert all(e["at"] is None for e in entries if packs.get(e["output"]) == "samples")
+    again = load_manifest(path)
+    assert again.packed == manifest.packed and again.output_names() == manifest.output_names()
+
+
+def test_an_older_manifest_is_refused(tmp_path):
+    _, manifest = inject(zoo.build("mlp"))
+    path = manifest.save(tmp_path / "m.manifest.json")
+    d = json.loads(path.read_text())
+    d["version"] = 1
+    path.write_text(json.dumps(d))
+    with pytest.raises(OpscopeError, match="manifest version 1 is not 2"):
+        load_manifest(path)
