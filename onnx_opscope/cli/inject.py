@@ -84,8 +84,11 @@ def run(args: argparse.Namespace) -> int:
     )
     if args.quiet:
         return 0
-    n_out = sum(len(t.outputs) for t in manifest.taps)
-    print(f"{path}: {len(manifest.sites)} sites, {len(manifest.taps)} tapped tensors, {n_out} extra outputs")
+    raws = sum(len(t.outputs) for t in manifest.taps)
+    print(
+        f"{path}: {len(manifest.sites)} sites, {len(manifest.taps)} tapped tensors, {raws} raw sketch values "
+        f"in {len(manifest.output_names())} extra outputs"
+    )
     print(f"manifest: {mpath}")
     weights = sum(t.constant for t in manifest.taps)
     if weights:
