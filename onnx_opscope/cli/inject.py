@@ -86,7 +86,7 @@ def run(args: argparse.Namespace) -> int:
         return 0
     raws = sum(len(t.outputs) for t in manifest.taps)
     print(
-        f"{path}: {len(manifest.sites)} sites, {len(manifest.taps)} tapped tensors, {raws} raw sketch values "
+        f"{path}: {len(manifest.sites)} sites, {len(manifest.taps)} tapped tensors, {raws} raw tensors "
         f"in {len(manifest.output_names())} extra outputs"
     )
     print(f"manifest: {mpath}")
