@@ -4,12 +4,14 @@ Why `instrument.packing` exists: N distinct whole-tensor reductions (an `Add` of
 constant first, so onnxruntime's common-subexpression pass keeps them apart) returned as
 
 - N rank-0 outputs (what each tap's scalar raws were),
+- N outputs of shape [1] (`keepdims=1`): whether the rank matters,
 - one output: each `Reshape`d to [1], then one `Concat` (what `packing` builds),
 - one output: `keepdims=1` and one `Concat` (no Reshape: the floor),
 
-timed alternately, at one intra-op thread, median and quartiles over rounds.
+timed alternately, at one intra-op thread, in onnxruntime's default node order or in priority
+order (what `record` uses); median and quartiles over rounds.
 
-    python scripts/bench_outputs.py [--n 800] [--rounds 30]
+    python scripts/bench_outputs.py [--n 800] [--rounds 30] [--order priority]
 """
 
 from __future__ import annotations
@@ -24,6 +26,7 @@ from onnx import ModelProto, TensorProto, helper, numpy_helper
 
 MODES = {
     "outputs": "N rank-0 outputs",
+    "outputs1": "N outputs of shape [1]",
     "packed": "Reshape [1] each + one Concat (packing)",
     "floor": "keepdims=1 + one Concat",
 }
@@ -31,15 +34,16 @@ MODES = {
 
 def model(n: int, mode: str) -> ModelProto:
     inits = [numpy_helper.from_array(np.array([i], np.float32), f"c{i}") for i in range(n)]
-    inits.append(numpy_helper.from_array(np.array([1], np.int64), "one"))
-    keep = int(mode == "floor")
+    if mode == "packed":
+        inits.append(numpy_helper.from_array(np.array([1], np.int64), "one"))
+    keep = int(mode in ("floor", "outputs1"))
     nodes = [helper.make_node("Add", ["x", f"c{i}"], [f"a{i}"]) for i in range(n)]
     nodes += [helper.make_node("ReduceMax", [f"a{i}"], [f"m{i}"], keepdims=keep) for i in range(n)]
     outs = [f"m{i}" for i in range(n)]
     if mode == "packed":
         nodes += [helper.make_node("Reshape", [f"m{i}", "one"], [f"r{i}"]) for i in range(n)]
         outs = [f"r{i}" for i in range(n)]
-    if mode != "outputs":
+    if mode not in ("outputs", "outputs1"):
         nodes.append(helper.make_node("Concat", outs, ["all"], axis=0))
         outs = ["all"]
     g = helper.make_graph(
@@ -56,15 +60,19 @@ def main() -> None:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--n", type=int, default=800, help="values (default 800: ~90 default taps' scalars)")
     p.add_argument("--rounds", type=int, default=30)
+    p.add_argument("--order", choices=("default", "priority"), default="default", help="node order")
     a = p.parse_args()
     so = ort.SessionOptions()
     so.intra_op_num_threads = 1
+    if a.order == "priority":
+        so.execution_order = ort.ExecutionOrder.PRIORITY_BASED
     sessions = {
         m: ort.InferenceSession(model(a.n, m).SerializeToString(), so, providers=["CPUExecutionProvider"])
         for m in MODES
     }
     x = {"x": np.ones(16, np.float32)}
     ref = np.array(sessions["outputs"].run(None, x)).ravel()
+    assert np.array_equal(np.array(sessions["outputs1"].run(None, x)).ravel(), ref)
     for m in ("packed", "floor"):
         assert np.array_equal(sessions[m].run(None, x)[0], ref), m
     times: dict[str, list[float]] = {m: [] for m in MODES}
@@ -75,7 +83,7 @@ def main() -> None:
                 s.run(None, x)
             times[m].append((time.perf_counter() - t) / 20 * 1e6)
     med = {m: statistics.median(t) for m, t in times.items()}
-    print(f"{a.n} values, {a.rounds} rounds, µs a run: median [quartiles]")
+    print(f"{a.n} values, {a.rounds} rounds, {a.order} node order, µs a run: median [quartiles]")
     for m, t in times.items():
         q = np.percentile(t, [25, 75])
         print(

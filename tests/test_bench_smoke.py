@@ -77,3 +77,20 @@ def test_weights_and_counting_quick_runs():
         assert proc.returncode == 0, (script, proc.stderr[-2000:])
         for text in expect:
             assert text in proc.stdout, (script, text, proc.stdout[-2000:])
+
+
+def test_outputs_bench_runs_and_its_variants_agree():
+    """scripts/bench_outputs.py: every way of returning the values gives the same values (it asserts
+    that itself) and prints one row per way and the cost line."""
+    script = ROOT / "scripts" / "bench_outputs.py"
+    for order in ("default", "priority"):
+        proc = subprocess.run(
+            [sys.executable, str(script), "--n", "16", "--rounds", "2", "--order", order],
+            capture_output=True,
+            text=True,
+            timeout=120,
+            cwd=ROOT,
+        )
+        assert proc.returncode == 0, proc.stderr[-2000:]
+        assert f"{order} node order" in proc.stdout
+        assert proc.stdout.count("× the floor") == 4 and "an output costs" in proc.stdout

@@ -1,15 +1,15 @@
 """Packed outputs: the many small raws of the main graph's in-graph taps leave the model as three outputs.
 
-Every graph output costs ~2.2 µs in `InferenceSession.run` however small it is (an OrtValue, a
-numpy array and a dict entry each; 800 scalar outputs 1.9-3.3 ms against 0.7-0.9 ms for the
-same reductions concatenated into one, `scripts/bench_outputs.py`). A default tap has nine (its
-shape, its sample, seven scalars), more than its reductions cost on a small tensor. So the
-main graph's in-graph taps hand their raws to three packs, each one `Concat` at the end of the
-graph:
+Every graph output costs 1.3-2.5 µs in `InferenceSession.run` however small it is, whatever its
+rank (an OrtValue, a numpy array and a dict entry each; `scripts/bench_outputs.py`: 800 scalar
+outputs 1.6-3.3 ms a run against 0.6-0.9 ms for the same reductions concatenated into one). A
+default tap has nine (its shape, its sample, seven scalars), more than its reductions cost on a
+small tensor. So the main graph's in-graph taps hand their raws to three packs, each one `Concat`
+at the end of the graph:
 
 - `shapes`: every tap's [1, *shape] (int64), of static length rank + 1;
-- `scalars`: every rank-0 float raw, each `Reshape`d to [1] (the Reshapes cost ~0.6 µs each,
-  a third of an output);
+- `scalars`: every rank-0 float raw, each `Reshape`d to [1] (0.4-0.5 µs a value in priority
+  order: a fifth to a third of an output; reductions made [1]-shaped would not need them);
 - `samples`: every tap's sample, of a length the host works out from the tap's shape
   (`histogram.sample_blocks`), so it needs no output of its own.
 
