@@ -13,10 +13,10 @@ from test_sketches import real_feeds, run_all
 
 from onnx_opscope import zoo
 from onnx_opscope.errors import OpscopeError
-from onnx_opscope.instrument import inject, load_manifest, unpacked
-from onnx_opscope.instrument.packing import PACKS, pack_of, sample_lengths
+from onnx_opscope.instrument import decode_tap, inject, load_manifest, unpacked
+from onnx_opscope.instrument.packing import PACKS, pack_of
 from onnx_opscope.sketch import SketchOptions
-from onnx_opscope.sketch.histogram import sample_positions
+from onnx_opscope.sketch.histogram import sample_lengths, sample_positions
 
 GRAPH = SketchOptions(copy_out_max=0)  # every tap in the graph: the packs get every main-graph tap
 
@@ -133,3 +133,16 @@ def test_an_older_manifest_is_refused(tmp_path):
     path.write_text(json.dumps(d))
     with pytest.raises(OpscopeError, match="manifest version 1 is not 2"):
         load_manifest(path)
+
+
+def test_decode_tap_on_packed_outputs_read_raw_says_how_to_read_them():
+    """decode_tap has no manifest: given the run's outputs as they come, it says to unpack them."""
+    model = zoo.build("transformer_block")
+    inst, manifest = inject(model, None, None, GRAPH)
+    outs = run_all(inst, zoo.example_feeds("transformer_block", model=model))
+    tap = next(t for t in manifest.taps if not t.constant)
+    with pytest.raises(OpscopeError, match="is not among the run's outputs") as err:
+        decode_tap(tap, outs, manifest.sketch_options())
+    assert "unpacked(manifest, outputs)" in err.value.hint
+    values, shape = decode_tap(tap, unpacked(manifest, outs), manifest.sketch_options())
+    assert shape and set(values) == set(tap.sketches)

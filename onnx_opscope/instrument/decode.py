@@ -51,7 +51,14 @@ def decode_tap(
             return {}, None
         x = np.asarray(raw_out[tap.outputs["tensor"]])
         return sk.references(tap.sketches, x, tap.info(), opts), list(x.shape)
-    parts = _split_iterations(tap, raw_out)
+    try:
+        parts = _split_iterations(tap, raw_out)
+    except KeyError as exc:
+        raise OpscopeError(
+            f"tap {tap.id} ({tap.tensor!r}): {exc.args[0]!r} is not among the run's outputs",
+            hint="a main-graph tap's raws are packed: read the outputs through unpacked(manifest, outputs) "
+            "(onnx_opscope.instrument); decode() and decode_taps() do that themselves",
+        ) from None
     if not parts:
         return {}, None
     shapes = [raw["shape"][1:].astype(np.int64).tolist() for raw in parts]

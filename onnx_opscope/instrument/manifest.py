@@ -149,9 +149,11 @@ class PackLayout:
         self.sample_size = manifest.sketch_options().sample_size
         self.where: dict[str, tuple[str, int, int, bool]] = {}  # member -> (pack output, start, stop, scalar)
         self.samples: tuple[str, list[str], list[str]] | None = None  # (output, members, their shape members)
+        self.pack_of: dict[str, str] = {}  # member -> its pack's output
         for entry in manifest.packed:
             out, pack = entry["output"], entry["pack"]
             members = [(by_id[tid], raw) for tid, raw in entry["raws"]]
+            self.pack_of.update((t.outputs[r], out) for t, r in members)
             if pack == "samples":
                 self.samples = (
                     out,
@@ -164,9 +166,6 @@ class PackLayout:
                 n = tap.rank + 1 if pack == "shapes" else 1
                 self.where[tap.outputs[raw]] = (out, at, at + n, pack == "scalars")
                 at += n
-        self.pack_of = {  # member -> its pack's output
-            by_id[tid].outputs[raw]: e["output"] for e in manifest.packed for tid, raw in e["raws"]
-        }
         self.members = set(self.pack_of)
 
 

@@ -11,7 +11,7 @@ at the end of the graph:
 - `scalars`: every rank-0 float raw, each `Reshape`d to [1] (0.4-0.5 µs a value in priority
   order: a fifth to a third of an output; reductions made [1]-shaped would not need them);
 - `samples`: every tap's sample, of a length the host works out from the tap's shape
-  (`histogram.sample_blocks`), so it needs no output of its own.
+  (`histogram.sample_lengths`), so it needs no output of its own.
 
 Taps in subgraphs (their outputs are If outputs with "not run" markers, or stacked by Loop /
 Scan), copied taps and the other raws (per-channel vectors, bin indices) keep an output each.
@@ -31,7 +31,7 @@ from .. import sketch as sk
 from ..graph.build import Builder, Constants
 from ..graph.expose import add_output
 from ..graph.index import Names
-from ..sketch.histogram import SAMPLE_BLOCK
+from ..sketch.histogram import sample_lengths
 from .manifest import Manifest, PackLayout, TapRecord
 
 PACKS = ("shapes", "scalars", "samples")
@@ -86,12 +86,6 @@ def pack_outputs(
         add_output(graph, out, _ELEM[pack], 1)
         packed.append({"output": out, "pack": pack, "raws": [[tap.id, raw] for tap, raw in got]})
     return b.nodes, packed
-
-
-def sample_lengths(numels: np.ndarray, sample_size: int) -> np.ndarray:
-    """The length of `histogram.sample_positions(n, sample_size)` for each n: g * min(n / g, ceil(size / g))."""
-    g = np.where(numels % SAMPLE_BLOCK == 0, SAMPLE_BLOCK, 1)
-    return g * np.minimum(numels // g, -(-sample_size // g))
 
 
 class Unpacked(dict):

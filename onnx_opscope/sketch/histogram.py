@@ -48,11 +48,23 @@ def sample_positions(n: int, sample_size: int) -> np.ndarray:
     return (j[:, None] * g + np.arange(g, dtype=np.int64)[None, :]).ravel()
 
 
+def _grid(n, sample_size: int):
+    """(g, k): blocks of g elements (16 when 16 divides n, else 1), k of them; n an int or an int array."""
+    g = np.where(n % SAMPLE_BLOCK == 0, SAMPLE_BLOCK, 1)
+    return g, np.minimum(n // g, -(-sample_size // g))
+
+
+def sample_lengths(numels: np.ndarray, sample_size: int) -> np.ndarray:
+    """The length of `sample_positions(n, sample_size)` for each n, without the positions (the decode
+    splits a pack of samples by it, `instrument.packing`)."""
+    g, k = _grid(numels, sample_size)
+    return g * k
+
+
 def sample_blocks(n: int, sample_size: int) -> tuple[int, np.ndarray]:
     """(g, the block indices) of `sample_positions`: what `context.sample_index` computes in the graph."""
-    g = SAMPLE_BLOCK if n % SAMPLE_BLOCK == 0 else 1
+    g, k = (int(v) for v in _grid(n, sample_size))
     rows = n // g
-    k = min(rows, -(-sample_size // g))
     j = np.arange(k, dtype=np.int64)
     if k < rows:  # else every block, in order
         u = j * GOLDEN
