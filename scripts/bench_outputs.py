@@ -6,6 +6,9 @@ constant first, so onnxruntime's common-subexpression pass keeps them apart) ret
 - N rank-0 outputs (what each tap's scalar raws were),
 - N outputs of shape [1] (`keepdims=1`): whether the rank matters,
 - one output: each `Reshape`d to [1], then one `Concat` (what `packing` builds),
+- one output: each `Unsqueeze`d to [1] (axes an attribute, as before opset 13), then one `Concat`,
+- one output: `SequenceConstruct` + `ConcatFromSequence(new_axis=1)`, two nodes for all N (in
+  priority order no cheaper than the Reshapes: the sequence copies each value in),
 - one output: `keepdims=1` and one `Concat` (no Reshape: the floor),
 
 timed alternately, at one intra-op thread, in onnxruntime's default node order or in priority
@@ -27,7 +30,9 @@ from onnx import ModelProto, TensorProto, helper, numpy_helper
 MODES = {
     "outputs": "N rank-0 outputs",
     "outputs1": "N outputs of shape [1]",
-    "packed": "Reshape [1] each + one Concat (packing)",
+    "packed": "Reshape [1] each + one Concat",
+    "unsqueeze": "Unsqueeze (attribute) each + one Concat",
+    "sequence": "SequenceConstruct + ConcatFromSequence",
     "floor": "keepdims=1 + one Concat",
 }
 
@@ -43,7 +48,14 @@ def model(n: int, mode: str) -> ModelProto:
     if mode == "packed":
         nodes += [helper.make_node("Reshape", [f"m{i}", "one"], [f"r{i}"]) for i in range(n)]
         outs = [f"r{i}" for i in range(n)]
-    if mode not in ("outputs", "outputs1"):
+    if mode == "unsqueeze":
+        nodes += [helper.make_node("Unsqueeze", [f"m{i}"], [f"u{i}"], axes=[0]) for i in range(n)]
+        outs = [f"u{i}" for i in range(n)]
+    if mode == "sequence":
+        nodes.append(helper.make_node("SequenceConstruct", outs, ["seq"]))
+        nodes.append(helper.make_node("ConcatFromSequence", ["seq"], ["all"], axis=0, new_axis=1))
+        outs = ["all"]
+    elif mode not in ("outputs", "outputs1"):
         nodes.append(helper.make_node("Concat", outs, ["all"], axis=0))
         outs = ["all"]
     g = helper.make_graph(
@@ -53,7 +65,7 @@ def model(n: int, mode: str) -> ModelProto:
         [helper.make_tensor_value_info(o, TensorProto.FLOAT, None) for o in outs],
         initializer=inits,
     )
-    return helper.make_model(g, opset_imports=[helper.make_opsetid("", 13)])
+    return helper.make_model(g, opset_imports=[helper.make_opsetid("", 12 if mode == "unsqueeze" else 13)])
 
 
 def main() -> None:
@@ -73,7 +85,7 @@ def main() -> None:
     x = {"x": np.ones(16, np.float32)}
     ref = np.array(sessions["outputs"].run(None, x)).ravel()
     assert np.array_equal(np.array(sessions["outputs1"].run(None, x)).ravel(), ref)
-    for m in ("packed", "floor"):
+    for m in ("packed", "unsqueeze", "sequence", "floor"):
         assert np.array_equal(sessions[m].run(None, x)[0], ref), m
     times: dict[str, list[float]] = {m: [] for m in MODES}
     for _ in range(a.rounds):

@@ -36,7 +36,7 @@ def _tap(x: np.ndarray, info: sk.TapInfo, opset: int) -> dict[str, np.ndarray]:
     b = Builder(opset, Names({"x"}), "t_")
     opts = sk.SketchOptions()
     chosen = [sk.REGISTRY[n] for n in HEADS]
-    raws = sk.build_tap(b, "x", info, chosen, opts)
+    raws = sk.build_tap(b, "x", info, chosen, opts).outputs
     vi = helper.make_tensor_value_info("x", TensorProto.FLOAT, list(x.shape))
     outs = [
         helper.make_tensor_value_info(n, raw_dtype(r, opts), [None] * raw_rank(r, chosen))

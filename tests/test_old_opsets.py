@@ -267,7 +267,7 @@ def test_route_load_at_every_opset(opset, bins):
     ids = np.array([[0, 3, 3], [1, 0, 3]], np.int64)
     b = Builder(opset, Names({"ids"}), "t_")
     info, opts = sk.TapInfo(2, TensorProto.INT64, bins=bins), sk.SketchOptions()
-    raws = sk.build_tap(b, "ids", info, [sk.REGISTRY["route_load"]], opts)
+    raws = sk.build_tap(b, "ids", info, [sk.REGISTRY["route_load"]], opts).outputs
     got = _run_builder(opset, b, {"ids": ids}, {name: (raw_dtype(r, opts), 1) for r, name in raws.items()})
     raw = {r: np.asarray(got[name], np.float64).ravel() for r, name in raws.items()}
     np.testing.assert_array_equal(

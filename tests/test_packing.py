@@ -1,4 +1,4 @@
-"""Packed outputs (instrument.packing): the main graph's small raws leave the model in three outputs, and
+"""Packed outputs (instrument.packing): the main graph's small raws leave the model in four outputs, and
 each reads back under its own name exactly as its own output would have given it."""
 
 from __future__ import annotations
@@ -9,11 +9,20 @@ import numpy as np
 import onnx
 import pytest
 from conftest import real_model_path
-from test_sketches import real_feeds, run_all
+from test_sketches import check_taps, real_feeds, run_all, tensor_values
 
 from onnx_opscope import zoo
 from onnx_opscope.errors import OpscopeError
-from onnx_opscope.instrument import decode_tap, inject, load_manifest, unpacked
+from onnx_opscope.instrument import (
+    decode,
+    decode_tap,
+    decode_taps,
+    host_values,
+    inject,
+    load_manifest,
+    unpacked,
+)
+from onnx_opscope.instrument.decode import rows_of
 from onnx_opscope.instrument.packing import PACKS, pack_of
 from onnx_opscope.sketch import SketchOptions
 from onnx_opscope.sketch.histogram import sample_lengths, sample_positions
@@ -33,12 +42,13 @@ def with_members_exposed(inst: onnx.ModelProto, manifest) -> onnx.ModelProto:
 
 
 def check_members(inst, manifest, feeds) -> int:
-    """Every packed member, read out of its pack, equals the tensor itself (values, dtype and shape)."""
+    """Every packed member, read out of its pack, equals the tensor itself (values, dtype and shape), but
+    for the clean raws of taps that took the masking branch: those read its raws (`Unpacked.overridden`)."""
     own = run_all(with_members_exposed(inst, manifest), feeds)
     packed = run_all(inst, feeds)
     assert set(packed) == set(manifest.original_outputs) | set(manifest.output_names())
     got = unpacked(manifest, packed)
-    for name in manifest.layout.members:
+    for name in manifest.layout.members - getattr(got, "overridden", set()):
         want = np.asarray(own[name])
         assert got[name].dtype == want.dtype and got[name].shape == want.shape, name
         np.testing.assert_array_equal(got[name], want, err_msg=name)
@@ -56,15 +66,15 @@ def test_members_read_back_as_their_own_outputs_at_two_shapes(dims):
 
 
 def test_det_outputs_shrink_to_the_packs():
-    """ppocrv4_det, default set, every tap in the graph: 8-9 outputs a tap become three in all."""
+    """ppocrv4_det, default set, every tap in the graph: 8-9 outputs a tap become four in all."""
     path = real_model_path("ppocrv4_det")
     inst, manifest = inject(path, None, None, GRAPH)
     live = [t for t in manifest.taps if not t.constant]
     assert live and all(not t.graph for t in live)
     raws = sum(len(t.outputs) for t in live)
     own = [n for n in manifest.output_names() if not n.startswith("opscope_packed_")]
-    assert len(manifest.output_names()) == 3 and not own and raws >= 8 * len(live)
-    assert len(inst.graph.output) == len(manifest.original_outputs) + 3
+    assert len(manifest.output_names()) == len(PACKS) and not own and raws >= 8 * len(live)
+    assert len(inst.graph.output) == len(manifest.original_outputs) + len(PACKS)
     assert check_members(inst, manifest, real_feeds("ppocrv4_det")) == raws
 
 
@@ -86,7 +96,7 @@ def test_subgraph_copied_and_vector_raws_keep_their_own_outputs():
     )
     copied = [t for t in manifest.taps if t.copied]
     vectors = [t for t in manifest.taps if "chan_abs" in t.outputs]
-    assert copied and vectors and {p["pack"] for p in manifest.packed} == {"shapes", "scalars"}
+    assert copied and vectors and {p["pack"] for p in manifest.packed} == {"shapes", "scalars", "slow"}
     names = set(manifest.output_names())
     assert all(t.outputs["tensor"] in names for t in copied)
     assert all(t.outputs["chan_abs"] in names for t in vectors)
@@ -129,9 +139,9 @@ def test_an_older_manifest_is_refused(tmp_path):
     _, manifest = inject(zoo.build("mlp"))
     path = manifest.save(tmp_path / "m.manifest.json")
     d = json.loads(path.read_text())
-    d["version"] = 1
+    d["version"] = 2
     path.write_text(json.dumps(d))
-    with pytest.raises(OpscopeError, match="manifest version 1 is not 2"):
+    with pytest.raises(OpscopeError, match="manifest version 2 is not 3"):
         load_manifest(path)
 
 
@@ -146,3 +156,58 @@ def test_decode_tap_on_packed_outputs_read_raw_says_how_to_read_them():
     assert "unpacked(manifest, outputs)" in err.value.hint
     values, shape = decode_tap(tap, unpacked(manifest, outs), manifest.sketch_options())
     assert shape and set(values) == set(tap.sketches)
+
+
+def three_matmuls() -> onnx.ModelProto:
+    """y_i = x_i @ W for three inputs x_i [rows, 8]: six main-graph taps and a weight."""
+    w = (np.arange(32).reshape(8, 4) % 5 - 2).astype(np.float32)
+    g = onnx.helper.make_graph(
+        [onnx.helper.make_node("MatMul", [f"x{i}", "W"], [f"y{i}"], name=f"mm{i}") for i in range(3)],
+        "g",
+        [onnx.helper.make_tensor_value_info(f"x{i}", onnx.TensorProto.FLOAT, ["rows", 8]) for i in range(3)],
+        [onnx.helper.make_tensor_value_info(f"y{i}", onnx.TensorProto.FLOAT, ["rows", 4]) for i in range(3)],
+        [onnx.numpy_helper.from_array(w, "W")],
+    )
+    return onnx.helper.make_model(g, opset_imports=[onnx.helper.make_opsetid("", 17)])
+
+
+def test_taps_that_took_the_masking_branch_read_its_values():
+    """A main-graph tap's clean branch runs outside its If; the taps whose Σx² is not finite (NaN, Inf, a
+    square that overflows) read the masking branch's raws instead, cut from the one slow pack between
+    taps that took the clean branch, equal to the numpy references, batched decode and one by one."""
+    rng = np.random.default_rng(0)
+    feeds = {f"x{i}": rng.normal(size=(6, 8)).astype(np.float32) for i in range(3)}
+    feeds["x0"][1, 2], feeds["x0"][4, 7] = np.nan, -np.inf
+    feeds["x2"][3, 5] = np.float32(-3.4e38)  # finite, but its square overflows
+    model = three_matmuls()
+    inst, manifest = inject(model, None, ["all"], GRAPH)
+    outs = run_all(inst, feeds)
+    got = unpacked(manifest, outs)
+    took = {t.tensor for t in manifest.taps if t.slow and got[t.outputs["slow"]].size}
+    assert took == {"x0", "y0", "x2", "y2"}
+    assert any(got[t.outputs["chan_abs"]].size > 1 for t in manifest.taps if t.tensor == "x0")  # a vector raw
+    check_members(inst, manifest, feeds)
+    assert got.overridden >= {t.outputs["min"] for t in manifest.taps if t.tensor in took}
+    host = host_values(manifest, model)
+    values = tensor_values(model, [*feeds, "W", "y0", "y1", "y2"], feeds)
+    assert check_taps(manifest.taps, got, values, manifest.sketch_options(), host) > 6 * 10
+    fast = decode(manifest, outs, host).to_pydict()
+    plain = rows_of(manifest, decode_taps(manifest, outs, host)).to_pydict()
+    assert fast.keys() == plain.keys() and len(fast["value"]) == len(plain["value"]) > 0
+    for k in fast:
+        a, b = np.asarray(fast[k]), np.asarray(plain[k])
+        assert (
+            a.tolist() == b.tolist() if a.dtype.kind not in "fc" else np.array_equal(a, b, equal_nan=True)
+        ), k
+
+
+def test_a_slow_pack_that_does_not_add_up_is_an_error():
+    """A slow pack whose length is not what the taps that took the masking branch make: one clear error."""
+    feeds = {f"x{i}": np.ones((2, 8), np.float32) for i in range(3)}
+    feeds["x1"][0, 0] = np.nan
+    inst, manifest = inject(three_matmuls(), None, None, GRAPH)
+    outs = run_all(inst, feeds)
+    out = manifest.layout.slow[0]
+    outs[out] = outs[out][:-1]
+    with pytest.raises(ValueError, match="masking branch"):
+        unpacked(manifest, outs)

@@ -81,7 +81,7 @@ def _copied_ran(tap: TapRecord, raw_out: dict[str, np.ndarray]) -> bool:
 
 
 def _split_iterations(tap: TapRecord, raw_out: dict[str, np.ndarray]) -> list[dict[str, np.ndarray]]:
-    arrays = {raw: np.asarray(raw_out[name]) for raw, name in tap.outputs.items()}
+    arrays = {raw: np.asarray(raw_out[name]) for raw, name in tap.outputs.items() if raw != "slow"}
     if tap.stacked == 0:
         return [] if arrays["shape"].size == 0 else [{k: _raw_values(k, v) for k, v in arrays.items()}]
     parts = []
@@ -641,7 +641,7 @@ def _plan_of(manifest: Manifest) -> _Plan:
 
 
 def _raws(tap: TapRecord, outputs: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
-    return {k: _raw_values(k, np.asarray(outputs[name])) for k, name in tap.outputs.items()}
+    return {k: _raw_values(k, np.asarray(outputs[name])) for k, name in tap.outputs.items() if k != "slow"}
 
 
 def _stacked_raws(

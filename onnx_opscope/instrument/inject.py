@@ -332,12 +332,13 @@ def build(target: _Target, taps: list[TapRecord], options: sk.SketchOptions, pla
             if tap.graph and not tap.rank:  # an If branch's scalar or tensor of unknown rank: its shape
                 # tells a branch not taken (empty) from a tensor that ran; of known rank >= 1, the branch
                 # not taken's [0, ..., 0] tells it alone (`decode._copied_ran`)
-                marker, raws = templates.build(f"opscope_t{k}_", source, tap.info(), [])
-                nodes, tap.outputs = [*marker, *nodes], {**raws, "tensor": copy}
+                marker, built = templates.build(f"opscope_t{k}_", source, tap.info(), [])
+                nodes, tap.outputs = [*marker, *nodes], {**built.outputs, "tensor": copy}
         else:
-            nodes, tap.outputs = templates.build(
-                f"opscope_t{k}_", source, tap.info(), tap.sketches, shared.get(k)
+            nodes, built = templates.build(
+                f"opscope_t{k}_", source, tap.info(), tap.sketches, shared.get(k), packed=not tap.graph
             )
+            tap.outputs, tap.slow = built.outputs, list(built.slow)
         inserts.setdefault(tap.graph, {}).setdefault(pos, []).extend([*prelude, *nodes])
     return inserts
 

@@ -28,7 +28,8 @@ from ..files import write_text
 from ..sketch import SketchOptions, TapInfo
 
 FORMAT = "onnx-opscope/manifest"
-VERSION = 2  # 2: the main graph's small raws packed into a few outputs (`packing`)
+VERSION = 3  # 2: the main graph's small raws packed into a few outputs (`packing`); 3: the masking
+# branch's raws of a main-graph tap in one vector (`TapRecord.slow`)
 
 
 @dataclass
@@ -52,6 +53,9 @@ class TapRecord:
     # copied out whole (its one output "tensor" is the tensor itself), sketched on the host at decode
     # (`sketch.batched_references`): a small tensor costs less that way than a tap's nodes in the graph
     copied: bool = False
+    # a main-graph tap (`packing`): the raws its masking branch's one vector (raw "slow", empty when the
+    # clean branch ran, which its raw "check" tells) holds in order, and overrides (`sketch.build_tap`)
+    slow: list[str] = field(default_factory=list)
 
     def info(self) -> TapInfo:
         return TapInfo(self.rank, self.elem_type, self.channel_axis, self.seq_axis, self.bins)
@@ -86,7 +90,7 @@ class Manifest:
     # taps not placed because they would change what onnxruntime computes (run.kernels): one dict
     # per (site, role) with the tensor, the optimization level and the kernels that would change
     left_out: list[dict] = field(default_factory=list)
-    # the packed outputs (`packing`): {"output", "pack": shapes | scalars | samples, "raws": [[tap id, raw]]};
+    # the packed outputs (`packing`): {"output", "pack": shapes | scalars | samples | slow, "raws": [[tap id, raw]]};
     # a member's `TapRecord.outputs` name is then a tensor inside the model, read out of its pack
     packed: list[dict] = field(default_factory=list)
 
@@ -150,10 +154,18 @@ class PackLayout:
         self.where: dict[str, tuple[str, int, int, bool]] = {}  # member -> (pack output, start, stop, scalar)
         self.samples: tuple[str, list[str], list[str]] | None = None  # (output, members, their shape members)
         self.pack_of: dict[str, str] = {}  # member -> its pack's output
+        # (output, per member tap: its own member, its check's, the members its masking branch overrides in order)
+        self.slow: tuple[str, list[tuple[str, str, list[str]]]] | None = None
         for entry in manifest.packed:
             out, pack = entry["output"], entry["pack"]
             members = [(by_id[tid], raw) for tid, raw in entry["raws"]]
             self.pack_of.update((t.outputs[r], out) for t, r in members)
+            if pack == "slow":
+                self.slow = (
+                    out,
+                    [(t.outputs[r], t.outputs["check"], [t.outputs[s] for s in t.slow]) for t, r in members],
+                )
+                continue
             if pack == "samples":
                 self.samples = (
                     out,
@@ -167,6 +179,7 @@ class PackLayout:
                 self.where[tap.outputs[raw]] = (out, at, at + n, pack == "scalars")
                 at += n
         self.members = set(self.pack_of)
+        self.slow_members = {own for own, _, _ in self.slow[1]} if self.slow else set()
 
 
 def load_manifest(path: str | os.PathLike) -> Manifest:

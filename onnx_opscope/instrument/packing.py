@@ -1,17 +1,21 @@
-"""Packed outputs: the many small raws of the main graph's in-graph taps leave the model as three outputs.
+"""Packed outputs: the many small raws of the main graph's in-graph taps leave the model as four outputs.
 
 Every graph output costs 1.3-2.5 µs in `InferenceSession.run` however small it is, whatever its
 rank (an OrtValue, a numpy array and a dict entry each; `scripts/bench_outputs.py`: 800 scalar
 outputs 1.6-3.3 ms a run against 0.6-0.9 ms for the same reductions concatenated into one). A
 default tap has nine (its shape, its sample, seven scalars), more than its reductions cost on a
-small tensor. So the main graph's in-graph taps hand their raws to three packs, each one `Concat`
+small tensor. So the main graph's in-graph taps hand their raws to four packs, each one `Concat`
 at the end of the graph:
 
 - `shapes`: every tap's [1, *shape] (int64), of static length rank + 1;
 - `scalars`: every rank-0 float raw, each `Reshape`d to [1] (0.4-0.5 µs a value in priority
   order: a fifth to a third of an output; reductions made [1]-shaped would not need them);
 - `samples`: every tap's sample, of a length the host works out from the tap's shape
-  (`histogram.sample_lengths`), so it needs no output of its own.
+  (`histogram.sample_lengths`), so it needs no output of its own;
+- `slow`: every tap's masking-branch vector (`sketch.build_tap`: its clean branch runs in the graph
+  itself), empty for a tap that took the clean branch. The host knows which taps took the masking
+  branch from their check Σx² (not finite), and cuts their vectors by the sizes of the clean raws
+  they replace (`Unpacked.overridden`).
 
 Taps in subgraphs (their outputs are If outputs with "not run" markers, or stacked by Loop /
 Scan), copied taps and the other raws (per-channel vectors, bin indices) keep an output each.
@@ -34,8 +38,8 @@ from ..graph.index import Names
 from ..sketch.histogram import sample_lengths
 from .manifest import Manifest, PackLayout, TapRecord
 
-PACKS = ("shapes", "scalars", "samples")
-_ELEM = {"shapes": TensorProto.INT64, "scalars": TensorProto.FLOAT, "samples": TensorProto.FLOAT}
+PACKS = ("shapes", "scalars", "samples", "slow")
+_ELEM = {p: TensorProto.INT64 if p == "shapes" else TensorProto.FLOAT for p in PACKS}
 
 
 def pack_of(tap: TapRecord, raw: str, options: sk.SketchOptions) -> str | None:
@@ -44,8 +48,8 @@ def pack_of(tap: TapRecord, raw: str, options: sk.SketchOptions) -> str | None:
         return None
     if raw == "shape":
         return "shapes" if tap.rank is not None else None
-    if raw == "samples":
-        return "samples"
+    if raw in ("samples", "slow"):
+        return raw
     chosen = [sk.REGISTRY[n] for n in tap.sketches]
     if sk.raw_dtype(raw, options) == TensorProto.FLOAT and sk.raw_rank(raw, chosen) == 0:
         return "scalars"
@@ -73,7 +77,7 @@ def pack_outputs(
     packed = []
     for pack in PACKS:
         got = members[pack]
-        if len(got) < 2:
+        if len(got) < (1 if pack == "slow" else 2):  # the slow pack always: `Unpacked` cuts it
             for tap, raw in got:
                 add_output(graph, tap.outputs[raw], _ELEM[pack], 1 if pack != "scalars" else 0)
             continue
@@ -94,9 +98,16 @@ class Unpacked(dict):
     def __init__(self, outputs: Mapping, layout: PackLayout):
         super().__init__(outputs)
         self.layout = layout
+        self.overridden: set[str] = set()
+        if layout.slow is not None and np.asarray(super().__getitem__(layout.slow[0])).size:
+            self._override_slow()
 
     def __missing__(self, key: str) -> np.ndarray:
         where = self.layout.where.get(key)
+        if where is None and self.layout.slow is not None and key in self.layout.slow_members:
+            v = np.asarray(super().__getitem__(self.layout.slow[0]))[:0]  # its tap took the clean branch
+            self[key] = v
+            return v
         if where is None:
             samples = self.layout.samples
             if samples is None or key not in samples[1]:
@@ -117,7 +128,11 @@ class Unpacked(dict):
         if not where or any(w is None or not w[3] or w[0] != where[0][0] for w in where):
             return None
         pack = np.asarray(super().__getitem__(where[0][0]))
-        return pack[np.fromiter((w[1] for w in where), np.int64, len(where))].astype(np.float64)
+        got = pack[np.fromiter((w[1] for w in where), np.int64, len(where))].astype(np.float64)
+        for i, m in enumerate(members):
+            if m in self.overridden:
+                got[i] = self[m]
+        return got
 
     def samples(self, members: list[str]) -> tuple[np.ndarray, np.ndarray] | None:
         """(the samples of `members`, one after another, their lengths) when they are the samples pack's
@@ -126,6 +141,33 @@ class Unpacked(dict):
         if got is None or members != got[1]:
             return None
         return np.asarray(super().__getitem__(got[0])), self._sample_lengths()
+
+    def _override_slow(self) -> None:
+        """The masking branch's raws of the taps that took it (their Σx² not finite), in place of the clean
+        raws those taps also made: cut from the slow pack by the clean raws' sizes, in their dtypes."""
+        out, taps = self.layout.slow
+        flat = np.asarray(super().__getitem__(out))
+        checks = [check for _, check, _ in taps]
+        got = self.scalars(checks)
+        if got is None:
+            got = np.array([float(self[c]) for c in checks])
+        cuts, at = [], 0
+        for j in np.flatnonzero(~np.isfinite(got)).tolist():
+            own, _, members = taps[j]
+            clean = [np.asarray(self[m]) for m in members]
+            cuts.append((own, members, clean, at))
+            at += sum(c.size for c in clean)
+        if at != flat.size:
+            raise ValueError(
+                f"{out}: {flat.size} values where the taps that took the masking branch make {at}"
+            )
+        for own, members, clean, start in cuts:
+            at = start
+            for m, c in zip(members, clean):
+                self[m] = flat[at : at + c.size].astype(c.dtype).reshape(c.shape)
+                self.overridden.add(m)
+                at += c.size
+            self[own] = flat[start:at]
 
     def _sample_lengths(self) -> np.ndarray:
         shapes = self.layout.samples[2]

@@ -25,7 +25,7 @@ TAP_PREFIX = "opscope_t"
 # of each placeholder differs from the rest, so an occurrence cannot overlap another one.
 _MARKS = ("\x1e\x1d", "\x1c\x1b", "\x1a\x19", "\x18\x17")
 
-_Template = tuple[Chunk, tuple[bytes, ...], dict[str, str]]
+_Template = tuple[Chunk, tuple[bytes, ...], sk.Built]
 
 
 class TapTemplates:
@@ -43,35 +43,39 @@ class TapTemplates:
         info: sk.TapInfo,
         sketches: list[str],
         sample: sk.SampleIndex | None = None,
-    ) -> tuple[list[NodeProto] | list[Chunk], dict[str, str]]:
-        """(the tap's nodes, as NodeProtos or as one encoded Chunk; raw -> output name).
-        `sample`: the sample index the tap shares with others of its shape (`instrument.samples`)."""
+        packed: bool = False,
+    ) -> tuple[list[NodeProto] | list[Chunk], sk.Built]:
+        """(the tap's nodes, as NodeProtos or as one encoded Chunk; its raws, `sketch.build_tap`).
+        `sample`: the sample index the tap shares with others of its shape (`instrument.samples`);
+        `packed`: a main-graph tap, whose raws go into packs."""
         words = [prefix, tensor, *(sample or ())]
         wb = [w.encode() for w in words]
-        key = (info, tuple(sketches), tuple(len(w) for w in wb))
+        key = (info, tuple(sketches), tuple(len(w) for w in wb), packed)
         if self.enabled and key not in self.cache:
-            self.cache[key] = self._template(info, sketches, [len(w) for w in wb])
+            self.cache[key] = self._template(info, sketches, [len(w) for w in wb], packed)
         tpl = self.cache.get(key)
         if tpl is None:
             b = Builder(self.opset, self.names, prefix, self.constants)
             chosen = [sk.REGISTRY[n] for n in sketches]
-            return b.nodes, sk.build_tap(b, tensor, info, chosen, self.options, sample)
-        chunk, marks, out = tpl
+            return b.nodes, sk.build_tap(b, tensor, info, chosen, self.options, sample, packed)
+        chunk, marks, built = tpl
         data = chunk.data
         for m, w in zip(marks, wb):
             data = data.replace(m, w)
         names = {}
-        for r, n in out.items():
+        for r, n in built.outputs.items():
             for m, w in zip(marks, words):
                 n = n.replace(m.decode(), w)
             names[r] = n
-        return [Chunk(data, chunk.n)], names
+        return [Chunk(data, chunk.n)], built._replace(outputs=names)
 
-    def _template(self, info: sk.TapInfo, sketches: list[str], lengths: list[int]) -> _Template | None:
+    def _template(
+        self, info: sk.TapInfo, sketches: list[str], lengths: list[int], packed: bool
+    ) -> _Template | None:
         p, t, *s = (a + b * (n - 1) for (a, b), n in zip(_MARKS, lengths))
         b = Builder(self.opset, Names(), p, self.constants)
         sample = sk.SampleIndex(*s) if s else None
-        out = sk.build_tap(b, t, info, [sk.REGISTRY[n] for n in sketches], self.options, sample)
+        out = sk.build_tap(b, t, info, [sk.REGISTRY[n] for n in sketches], self.options, sample, packed)
         g = GraphProto()
         g.node.extend(b.nodes)
         data = g.SerializeToString()

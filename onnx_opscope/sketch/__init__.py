@@ -42,7 +42,7 @@ from .routing import ROUTE_LOAD
 from .rows import ADJ_SUMSQ, POS_SUMSQ
 from .streamed import streamable
 from .streamed import streamed_references as _streamed
-from .tap import build_tap, raw_dtype, raw_rank
+from .tap import Built, build_tap, raw_dtype, raw_rank
 
 REGISTRY: dict[str, Sketch] = {
     s.name: s
@@ -222,6 +222,7 @@ __all__ = [
     "OUTER",
     "REGISTRY",
     "SKETCH_SETS",
+    "Built",
     "Derived",
     "Merge",
     "Sketch",
