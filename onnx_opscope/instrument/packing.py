@@ -129,9 +129,10 @@ class Unpacked(dict):
             return None
         pack = np.asarray(super().__getitem__(where[0][0]))
         got = pack[np.fromiter((w[1] for w in where), np.int64, len(where))].astype(np.float64)
-        for i, m in enumerate(members):
-            if m in self.overridden:
-                got[i] = self[m]
+        if self.overridden:  # taps that took the masking branch
+            for i, m in enumerate(members):
+                if m in self.overridden:
+                    got[i] = self[m]
         return got
 
     def samples(self, members: list[str]) -> tuple[np.ndarray, np.ndarray] | None:

@@ -8,6 +8,9 @@ Its layout, for a tensor x cast to float32:
     If isnan(s2 - s2):  slow branch      mask non-finite values, count them
     else:               fast branch      the same statistics with no masking at all
 
+A main-graph tap builds its fast branch in the graph itself, beside an If whose one output is the
+slow branch's raws in one vector (`tap.build_tap`, `packed`).
+
 Sketch builders never build these pieces themselves: they ask the context (`c.min`,
 `c.scale`, `c.y`, `c.outer.samples`, ...), and a piece two sketches ask for is built once.
 An OUTER context is the graph around the If; a branch context (`slow` True or False) is
