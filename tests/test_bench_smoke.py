@@ -94,3 +94,25 @@ def test_outputs_bench_runs_and_its_variants_agree():
         assert proc.returncode == 0, proc.stderr[-2000:]
         assert f"{order} node order" in proc.stdout
         assert proc.stdout.count("×") == 6 and "an output costs" in proc.stdout  # one row a way
+
+
+def test_ab_bench_times_two_checkouts_against_plain(tmp_path):
+    """scripts/bench_ab.py with this checkout on both sides: each side injects in a child, one table row
+    per side, and the new ÷ old line; a folder that is no checkout is one clear error."""
+    script = ROOT / "scripts" / "bench_ab.py"
+    args = [sys.executable, str(script), "--new", str(ROOT), "--quick", "--models", "bert_like"]
+    proc = subprocess.run(
+        [*args, "--old", str(ROOT), "--rounds", "2", "--runs", "1"],
+        capture_output=True,
+        text=True,
+        timeout=300,
+        cwd=ROOT,
+    )
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    rows = [line for line in proc.stdout.splitlines() if line.startswith("| bert_like |")]
+    assert [r.split("|")[2].strip() for r in rows] == ["plain", "old", "new"]
+    assert "bert_like: new ÷ old" in proc.stdout
+    bad = subprocess.run(
+        [*args, "--old", str(tmp_path)], capture_output=True, text=True, timeout=60, cwd=ROOT
+    )
+    assert bad.returncode == 2 and "not an onnx-opscope checkout" in bad.stderr
