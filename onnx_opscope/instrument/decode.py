@@ -382,19 +382,18 @@ class _Plan:
         taps, o = self.taps, self.opts
         st = _Batch([None] * len(taps), [], [], [], [])
 
-        def one(i: int, values: dict[str, np.ndarray]) -> None:
-            for stat, v in values.items():
-                v = np.asarray(v, np.float64).ravel()
-                st.groups.append((stat, [i], np.array([v.size], np.int64)))
-                st.pieces.append(v)
+        def one(values: list[tuple[int, dict[str, np.ndarray]]]) -> None:
+            _add_by_stat(st, values)
 
         self._copied(outputs, st, one)
         self._in_graph(outputs, st.shapes, st.groups, st.pieces, one)
+        looped = []
         for i in self.looped:
             values, shape = decode_tap(taps[i], outputs, o)
             if shape is not None:
                 st.shapes[i] = tuple(shape)
-                one(i, values)
+                looped.append((i, values))
+        one(looped)
         return st
 
     def _finish(self, st: _Batch, host: HostValues | None) -> Rows:
@@ -435,8 +434,7 @@ class _Plan:
         if rest:
             infos = [self.infos[i] for i, _, _ in rest]
             got = sk.grouped_references([n for _, n, _ in rest], [a for _, _, a in rest], infos, o)
-            for (i, _, _), values in zip(rest, got):
-                one(i, values)
+            one([(i, values) for (i, _, _), values in zip(rest, got)])
 
     def _in_graph(self, outputs, shapes, groups, pieces, one) -> None:
         """The in-graph taps that ran: the hot sketches finalized for all of them at once (`STACKED`)."""
@@ -455,20 +453,21 @@ class _Plan:
                 continue
             stacked = _stacked_raws(taps, idx, names, outputs, shapes)
             if stacked is None:  # a raw of an unexpected shape: one by one, as finalize does
-                for i in idx:
-                    raw = _raws(taps[i], outputs)
-                    one(i, {n: sk.finalize(n, raw, o) for n in names})
+                raws = [(i, _raws(taps[i], outputs)) for i in idx]
+                one([(i, {n: sk.finalize(n, raw, o) for n in names}) for i, raw in raws])
                 continue
             for name in names:
                 got = sk_batched.STACKED[name][1](stacked, o)
                 values, counts = got if isinstance(got, tuple) else (got, np.ones(len(idx), np.int64))
                 groups.append((name, idx, counts))
                 pieces.append(np.asarray(values, np.float64))
+        rest = []
         for j in np.flatnonzero(ran).tolist():
             if self.slow[j]:
                 i = self.in_graph[j]
                 raw = _raws(taps[i], outputs)
-                one(i, {n: sk.finalize(n, raw, o) for n in self.slow[j]})
+                rest.append((i, {n: sk.finalize(n, raw, o) for n in self.slow[j]}))
+        one(rest)
 
     def _weights(self, shapes: list[tuple | None], host: HostValues) -> _Weights:
         """The weight taps' values, as `decode_taps` gives them: one pool piece, kept while `host` and the
@@ -621,6 +620,23 @@ class _Plan:
             ran += 1
         return _Chunks(np.array(tap_of, np.int64), np.array(stat_of, np.int64),
                        np.array(codes, np.int64).reshape(-1, 4), np.array(role_of, np.int64))  # fmt: skip
+
+
+def _add_by_stat(st: _Batch, values: list[tuple[int, dict[str, np.ndarray]]]) -> None:
+    """The values of taps (tap index, sketch -> values) as one group and one pool piece per sketch: a
+    group per tap and sketch made the layout key and `_layout` cost per group (~1,600 a batch for
+    captcha_crnn's 162 copied taps with `--sketch all`)."""
+    by: dict[str, tuple[list[int], list[int], list[np.ndarray]]] = {}
+    for i, got in values:
+        for stat, v in got.items():
+            v = np.asarray(v, np.float64).ravel()
+            idx, counts, pieces = by.setdefault(stat, ([], [], []))
+            idx.append(i)
+            counts.append(v.size)
+            pieces.append(v)
+    for stat, (idx, counts, pieces) in by.items():
+        st.groups.append((stat, idx, np.array(counts, np.int64)))
+        st.pieces.append(pieces[0] if len(pieces) == 1 else np.concatenate(pieces))
 
 
 def _fingerprint(manifest: Manifest) -> tuple:
