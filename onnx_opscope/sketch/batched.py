@@ -205,7 +205,7 @@ def _finite_or_nan(v: np.ndarray) -> np.ndarray:
 
 
 def _mean(r: dict[str, np.ndarray], o: SketchOptions) -> np.ndarray:
-    nf = r["numel"] - (r["nan"] + r["inf"])  # base.n_finite, elementwise
+    nf = _n_finite(r)
     with np.errstate(invalid="ignore", divide="ignore"):
         return np.where(nf != 0, (r["ysum"] * r["ynorm"]) / nf, np.nan)  # base.ratio
 
@@ -213,6 +213,20 @@ def _mean(r: dict[str, np.ndarray], o: SketchOptions) -> np.ndarray:
 def _sumsq(r: dict[str, np.ndarray], o: SketchOptions) -> np.ndarray:
     # Python's float power, as moments.SUMSQ computes ynorm ** 2 (libm pow, not always x * x)
     return r["yss"] * np.array([y**2 for y in r["ynorm"].tolist()], np.float64)
+
+
+def _n_finite(r: dict[str, np.ndarray]) -> np.ndarray:
+    return r["numel"] - (r["nan"] + r["inf"])  # base.n_finite, elementwise
+
+
+def _kurtosis(r: dict[str, np.ndarray], o: SketchOptions) -> np.ndarray:
+    """moments.KURTOSIS's finalize of every tap: the scale's powers in Python's float power, as it takes them."""
+    nf = _n_finite(r)
+    s = _host_scale(r).astype(np.float64).tolist()
+    with np.errstate(invalid="ignore", divide="ignore", over="ignore"):
+        m2 = r["m2"] / nf * np.array([v**2 for v in s], np.float64)
+        m4 = r["m4"] / nf * np.array([v**4 for v in s], np.float64)
+        return np.where(nf > 0, m4 / (m2 * m2 + EPS_KURT), np.nan)
 
 
 def _host_scale(r: dict[str, np.ndarray]) -> np.ndarray:
@@ -239,6 +253,9 @@ STACKED = {
     "sumsq": (("yss", "ynorm"), _sumsq),
     "nan_count": (("nan",), lambda r, o: r["nan"].copy()),
     "inf_count": (("inf",), lambda r, o: r["inf"].copy()),
+    "l1": (("yl1", "ynorm"), lambda r, o: r["yl1"] * r["ynorm"]),
+    "nnz": (("nnz", "nan", "inf"), lambda r, o: r["nnz"] + (r["nan"] + r["inf"])),
+    "kurtosis": (("m2", "m4", "min", "max", "nan", "inf"), _kurtosis),
     "hist": (("min", "max", "samples"), _hist),
     "elemsig": (("samples",), lambda r, o: elemsig_segments(*r["samples"], o)),
 }
