@@ -453,7 +453,7 @@ class _Plan:
                 continue
             stacked = _stacked_raws(taps, idx, names, outputs, shapes)
             if stacked is None:  # a raw of an unexpected shape: one by one, as finalize does
-                raws = [(i, _raws(taps[i], outputs)) for i in idx]
+                raws = [(i, _Raws(taps[i], outputs)) for i in idx]
                 one([(i, {n: sk.finalize(n, raw, o) for n in names}) for i, raw in raws])
                 continue
             for name in names:
@@ -465,7 +465,7 @@ class _Plan:
         for j in np.flatnonzero(ran).tolist():
             if self.slow[j]:
                 i = self.in_graph[j]
-                raw = _raws(taps[i], outputs)
+                raw = _Raws(taps[i], outputs)
                 rest.append((i, {n: sk.finalize(n, raw, o) for n in self.slow[j]}))
         one(rest)
 
@@ -656,8 +656,20 @@ def _plan_of(manifest: Manifest) -> _Plan:
     return plan
 
 
-def _raws(tap: TapRecord, outputs: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
-    return {k: _raw_values(k, np.asarray(outputs[name])) for k, name in tap.outputs.items() if k != "slow"}
+class _Raws(dict):
+    """A tap's raws as a finalize reads them (`_raw_values`), each one read out of the outputs when first
+    asked for: the sketches finalized tap by tap read a few of a tap's dozen raws (ppocrv4_det's
+    `--sketch all`: chan_abs, pos, adj and ynorm of 13), and a packed raw costs a slice to read."""
+
+    def __init__(self, tap: TapRecord, outputs: dict[str, np.ndarray]):
+        super().__init__()
+        self.names, self.outputs = tap.outputs, outputs
+
+    def __missing__(self, raw: str) -> np.ndarray:
+        if raw == "slow" or raw not in self.names:  # the masking vector is read through `Unpacked`
+            raise KeyError(raw)
+        v = self[raw] = _raw_values(raw, np.asarray(self.outputs[self.names[raw]]))
+        return v
 
 
 def _stacked_raws(
