@@ -675,8 +675,9 @@ class _Raws(dict):
 def _stacked_raws(
     taps: list[TapRecord], idx: list[int], names: tuple[str, ...], outputs: dict, shapes: list
 ) -> dict | None:
-    """The raws `names` read, of the taps `idx`: scalars as [T] float64, samples as (values as made, counts);
-    None when a scalar raw is not one value per tap."""
+    """The raws `names` read, of the taps `idx`: scalars as [T] float64, samples as (values as made, counts),
+    the other vectors (`batched.VECTOR_RAWS`) as (float64 values, counts); None when a scalar raw is not
+    one value per tap."""
     need = {r for n in names for r in sk_batched.STACKED[n][0]}
     got: dict = {"numel": np.array([math.prod(shapes[i]) for i in idx], np.float64)}
     for raw in need:
@@ -688,9 +689,13 @@ def _stacked_raws(
             if got[raw] is not None:
                 continue
         arrays = [outputs[taps[i].outputs[raw]] for i in idx]
-        if raw == "samples":  # float32 as the graph made them: the histogram bins them in float32
+        if raw == "samples" or raw in sk_batched.VECTOR_RAWS:  # one after another, and their lengths
             flat = [np.asarray(a).ravel() for a in arrays]
-            got[raw] = (np.concatenate(flat), np.array([a.size for a in flat], np.int64))
+            values = np.concatenate(flat)  # samples in float32 as made: the histogram bins them so
+            got[raw] = (
+                values if raw == "samples" else values.astype(np.float64),
+                np.array([a.size for a in flat], np.int64),
+            )
             continue
         try:
             v = np.array(arrays, np.float64)

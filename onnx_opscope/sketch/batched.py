@@ -229,6 +229,19 @@ def _kurtosis(r: dict[str, np.ndarray], o: SketchOptions) -> np.ndarray:
         return np.where(nf > 0, m4 / (m2 * m2 + EPS_KURT), np.nan)
 
 
+def _ynorm2_per_value(r: dict[str, np.ndarray], raw: str) -> Flat:
+    """rows.POS_SUMSQ / ADJ_SUMSQ's finalize of every tap: its values times ynorm² (Python's float power)."""
+    values, counts = r[raw]
+    scale = np.repeat(np.array([y**2 for y in r["ynorm"].tolist()], np.float64), counts)
+    return values * scale, counts
+
+
+def _chan_maxabs(r: dict[str, np.ndarray], o: SketchOptions) -> Flat:
+    """channels.chan_maxabs_of every tap: a channel with no finite value (marked below 0) is NaN."""
+    values, counts = r["chan_abs"]
+    return np.where(values < 0, np.nan, values), counts
+
+
 def _host_scale(r: dict[str, np.ndarray]) -> np.ndarray:
     """moments.host_scale of every tap: max(|min|, |max|) in float32, 0 when not finite, + 1e-12."""
     with np.errstate(invalid="ignore"):
@@ -244,8 +257,9 @@ def _hist(r: dict[str, np.ndarray], o: SketchOptions) -> Flat:
     return counts.ravel(), np.full(m.size, o.hist_bins, np.int64)
 
 
-# sketch -> (the raws it reads, finalize of T taps: scalar raws as [T] float64, "samples" as Flat,
-# "numel" [T] float64 -> [T] values or Flat); the same values as each sketch's finalize, bit for bit
+# sketch -> (the raws it reads, finalize of T taps: scalar raws as [T] float64, "samples" and the
+# VECTOR_RAWS as Flat, "numel" [T] float64 -> [T] values or Flat); the same values as each sketch's
+# finalize, bit for bit
 STACKED = {
     "min": (("min",), lambda r, o: _finite_or_nan(r["min"])),
     "max": (("max",), lambda r, o: _finite_or_nan(r["max"])),
@@ -256,9 +270,16 @@ STACKED = {
     "l1": (("yl1", "ynorm"), lambda r, o: r["yl1"] * r["ynorm"]),
     "nnz": (("nnz", "nan", "inf"), lambda r, o: r["nnz"] + (r["nan"] + r["inf"])),
     "kurtosis": (("m2", "m4", "min", "max", "nan", "inf"), _kurtosis),
+    "chan_maxabs": (("chan_abs",), _chan_maxabs),
+    "pos_sumsq": (("pos", "ynorm"), lambda r, o: _ynorm2_per_value(r, "pos")),
+    "adj_sumsq": (("adj", "ynorm"), lambda r, o: _ynorm2_per_value(r, "adj")),
     "hist": (("min", "max", "samples"), _hist),
     "elemsig": (("samples",), lambda r, o: elemsig_segments(*r["samples"], o)),
 }
+
+
+VECTOR_RAWS = frozenset({"chan_abs", "pos", "adj"})
+"""The vector raws `STACKED` reads, one after another with their lengths (`Flat`), like the samples."""
 
 
 def stacked_names(o: SketchOptions) -> set[str]:
