@@ -7,7 +7,7 @@
 - `folded`: tensors made from weights alone, tapped as weights;
 - `shadow`: the softmax a fused attention op keeps inside its kernel, rebuilt next to it;
 - `manifest`: what every extra output means (saved as JSON beside the model);
-- `packing`: the main graph's small raws joined into three outputs (each output costs ~2 µs a
+- `packing`: the main graph's small raws joined into four outputs (each output costs ~2 µs a
   run), and `unpacked`, which reads them back by name;
 - `decode` and `rows`: outputs -> sketch values -> tidy rows (Arrow);
 - `host`: the sketches of weights, computed once on the host instead of in the graph.

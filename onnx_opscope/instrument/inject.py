@@ -12,7 +12,7 @@ extra graph outputs after the original ones, whose names and order do not change
    (`shadow`), and where they go in their graph;
 4. `expose_all`: every raw output carried up to the model's outputs through If branches and
    Loop / Scan bodies (`graph.expose`), but the main graph's small raws, which `packing` joins
-   into three outputs (each output costs ~2 µs a run, more than a small tap's nodes);
+   into four outputs (each output costs ~2 µs a run, more than a small tap's nodes);
 5. `splice_all`: the nodes inserted, deepest graphs first (`graph.wire.splice`);
 6. the `Manifest`, which says what every extra output means.
 

@@ -135,20 +135,19 @@ def _build_packed(b: Builder, split: Split, finite: list[Sketch], o: SketchOptio
     _same_raws(slow, fast)
     parts = tuple(r for r in slow if slow[r] != fast[r])
     made = {name for n in b.nodes[first:] for name in n.output}
-    taken, rename = set(out.values()), {}
-    for (
-        r
-    ) in fast:  # each a tensor of this tap's own, named for its raw: members are read and overridden by name
-        if r not in parts:
-            pass
-        elif fast[r] in made and fast[r] not in taken:
+    # each part a tensor of this tap's own, named for its raw (members are read and overridden by name):
+    # renamed where the clean branch made it for this raw alone, else an Identity
+    taken = set(out.values()) | {fast[r] for r in fast if r not in parts}
+    rename: dict[str, str] = {}
+    for r in parts:
+        if fast[r] in made and fast[r] not in taken:
             taken.add(fast[r])
-            rename[fast[r]] = b.fresh(r)
-            fast[r] = rename[fast[r]]
+            new = rename[fast[r]] = b.fresh(r)
+            fast[r] = new
         else:
             fast[r] = b.op("Identity", [rename.get(fast[r], fast[r])], r)
         taken.add(fast[r])
-    for n in b.nodes[first:]:
+    for n in [*b.nodes[first:], *sub.nodes]:  # the masking branch may read an outer piece renamed here
         n.input[:] = [rename.get(i, i) for i in n.input]
         n.output[:] = [rename.get(i, i) for i in n.output]
     out.update(fast)
