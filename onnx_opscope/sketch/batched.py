@@ -17,6 +17,8 @@ sketch go through `references`, tensor by tensor.
 
 from __future__ import annotations
 
+import itertools
+
 import numpy as np
 
 from .base import cap_rows, row_view
@@ -44,10 +46,35 @@ def _split(flat: Flat) -> list[np.ndarray]:
     return np.split(values, np.cumsum(counts)[:-1]) if counts.size else []
 
 
+SEGMENT_VALUES = 1 << 15
+"""Values one segmented pass takes at most. A group of batches' small tensors (silero_vad_v6: 64 batches,
+218k values) made float64 temporaries of ~2 MB, which glibc maps fresh for each numpy call and the
+kernel faults in page by page: half of the pass. Passes over ~32k values stay in the heap (and in L2)."""
+
+
 def segmented_flat(arrays: list[np.ndarray], wanted: set[str], o: SketchOptions) -> dict[str, Flat]:
     """`segmented`, each sketch's values of all the tensors in one array (`Flat`): what the decoding of a
-    batch puts in its value column without a Python step per tensor. When every value is finite (the
-    usual case) the masking passes are left out: the same values, ~40% less work."""
+    batch puts in its value column without a Python step per tensor. Tensors of more than
+    `SEGMENT_VALUES` values in all go through in several passes, whose values are laid end to end."""
+    cut, total = [0], 0
+    for i, a in enumerate(arrays):
+        if total and total + a.size > SEGMENT_VALUES:
+            cut.append(i)
+            total = 0
+        total += a.size
+    if len(cut) == 1:
+        return _segmented_pass(arrays, wanted, o)
+    cut.append(len(arrays))
+    parts = [_segmented_pass(arrays[i:j], wanted, o) for i, j in itertools.pairwise(cut)]
+    return {
+        name: (np.concatenate([p[name][0] for p in parts]), np.concatenate([p[name][1] for p in parts]))
+        for name in parts[0]
+    }
+
+
+def _segmented_pass(arrays: list[np.ndarray], wanted: set[str], o: SketchOptions) -> dict[str, Flat]:
+    """`segmented_flat` in one pass. When every value is finite (the usual case) the masking passes are
+    left out: the same values, ~40% less work."""
     # float32 when every dtype is exact in float32 (float32, float16, int8, bool, ...); else each
     # array is cast on its own, as the graph sees it (an int64 cast through float64 could round twice)
     x32 = np.concatenate(arrays, axis=None)
