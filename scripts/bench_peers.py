@@ -217,7 +217,7 @@ def run_opscope(
 
     def pipeline() -> BatchPipeline:
         if decode_rows == "rows":
-            return BatchPipeline(decoder.tables)
+            return BatchPipeline(decoder.table)
         return BatchPipeline(lambda group: collections.deque(parts(group), maxlen=0))
 
     times = timed(step, batches, job["warmup"], pipeline if decode_rows else None)

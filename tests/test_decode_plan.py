@@ -20,7 +20,8 @@ from onnx_opscope import sketch as sk
 from onnx_opscope.instrument import Rows, decode, decode_many, decode_taps, host_values, inject
 from onnx_opscope.instrument.decode import rows_of
 from onnx_opscope.run.session import RuntimeConfig, make_session
-from onnx_opscope.run.table import SCHEMA, batch_table, encode_part
+from onnx_opscope.run.table import SCHEMA, batch_table, batches_table, encode_part
+from onnx_opscope.sketch import batched as sk_batched
 
 CPU = sk.SketchOptions(copy_out_max=4096)  # what for_providers picks on the CPU provider
 IN_GRAPH = sk.SketchOptions(copy_out_max=0)
@@ -99,7 +100,7 @@ def _bits(table: pa.Table) -> dict[str, object]:
 
 
 @pytest.mark.parametrize("case", list(CASES))
-def test_fast_decode_equals_the_plain_one(case):
+def test_fast_decode_equals_the_plain_one(case, monkeypatch):
     make, sketches, options = CASES[case]
     model, feeds = make()
     shapes = {k: list(v.shape) for k, v in feeds[0].items()}
@@ -117,14 +118,21 @@ def test_fast_decode_equals_the_plain_one(case):
         table = batch_table(got, "r", step, "CPUExecutionProvider", "d")
         back = pq.read_table(pa.BufferReader(encode_part(table, "parquet", first=step == 0)))
         assert _bits(back) == _bits(batch_table(want, "r", step, "CPUExecutionProvider", "d"))
-    # the batches decoded together (their small copied tensors in one segmented pass): the same rows
-    for step, (got, want) in enumerate(
-        zip(decode_many(manifest, runs[::-1], host)[::-1], wants, strict=True)
-    ):
+    # the batches decoded together (their small copied tensors in segmented passes of at most 300 values,
+    # so that real batches are cut between passes): the same rows, and as one part the same table
+    monkeypatch.setattr(sk_batched, "SEGMENT_VALUES", 300)
+    together = decode_many(manifest, runs[::-1], host)[::-1]
+    for step, (got, want) in enumerate(zip(together, wants, strict=True)):
         assert got.chunks() == want.chunks(), f"{case}: chunks differ at batch {step}, decoded together"
         assert _bits(got.to_arrow()) == _bits(want.to_arrow()), (
             f"{case}: values differ at batch {step}, together"
         )
+    steps = [5, 6, 7]
+    part = encode_part(
+        batches_table(together, "r", steps, "CPUExecutionProvider", "d"), "parquet", first=False
+    )
+    each = [batch_table(want, "r", step, "CPUExecutionProvider", "d") for step, want in zip(steps, wants)]
+    assert _bits(pq.read_table(pa.BufferReader(part))) == _bits(pa.concat_tables(each)), case
     kinds = {_kind(t) for t in manifest.taps}
     assert kinds >= KINDS.get(case, {"graph"}), f"{case} covers {kinds}"
 

@@ -322,7 +322,13 @@ class _Plan:
         self.looped = [i for i, t in enumerate(taps) if not (t.constant or t.copied) and t.stacked]
         self.const = [i for i, t in enumerate(taps) if t.constant]
         self.branch_taps = [(i, t.graph) for i, t in enumerate(taps) if t.graph and not t.constant]
+        self.branch_graphs = list(dict.fromkeys(g for _, g in self.branch_taps))
         self.wanted = {n for i in self.copied for n in taps[i].sketches}
+        # per copied tap: (index, its tensor's output, its ran marker's or None, whether it is in a branch)
+        self.copied_io = [
+            (i, taps[i].outputs["tensor"], taps[i].outputs.get("shape"), bool(taps[i].graph))
+            for i in self.copied
+        ]
         self.infos = {i: taps[i].info() for i in self.copied}
         # per copied tap, its sketches with no segmented form: listed once, not every batch (~2 µs a tap)
         self.unsegmented = {
@@ -415,20 +421,22 @@ class _Plan:
     def _copied(self, outputs, st: _Batch, one) -> None:
         """The copied taps that ran: the small ones kept for the segmented pass, their other sketches (and a
         larger one's) through `sketch.grouped_references`."""
-        taps, o = self.taps, self.opts
+        o = self.opts
         rest: list[tuple[int, list[str], np.ndarray]] = []
-        for i in self.copied:
-            t = taps[i]
-            if not _copied_ran(t, outputs):
+        for i, tensor, marker, in_branch in self.copied_io:  # `_copied_ran`, its names looked up once
+            a = np.asarray(outputs[tensor])
+            if marker is not None:
+                if not np.asarray(outputs[marker]).size:
+                    continue
+            elif in_branch and not any(a.shape):
                 continue
-            a = np.asarray(outputs[t.outputs["tensor"]])
             st.shapes[i] = a.shape
             if 0 < a.size <= o.sample_size:
                 st.small.append(i)
                 st.arrays.append(a)
                 names = self.unsegmented[i]
             else:
-                names = t.sketches
+                names = self.taps[i].sketches
             if names:
                 rest.append((i, names, a))
         if rest:
@@ -473,10 +481,8 @@ class _Plan:
         """The weight taps' values, as `decode_taps` gives them: one pool piece, kept while `host` and the
         graphs that did not run stay the same."""
         taps = self.taps
-        ran: dict[str, bool] = {}
-        for i, graph in self.branch_taps:
-            ran[graph] = ran.get(graph, False) or shapes[i] is not None
-        skipped = tuple(g for g, r in ran.items() if not r)
+        ran = {graph for i, graph in self.branch_taps if shapes[i] is not None}
+        skipped = tuple(g for g in self.branch_graphs if g not in ran)
         w = self.weights
         if w is not None and w.host is host and w.skipped == skipped:
             return w

@@ -98,6 +98,16 @@ class Rows:
     def __len__(self) -> int:
         return len(self._flat) if self._layout is not None else sum(len(v) for v in self._values)
 
+    @property
+    def layout(self) -> RowLayout:
+        """The layout of these rows: the decode's cached one (shared by every batch of that shape), or one
+        made for rows built by `add`."""
+        return self._layout or RowLayout(self._meta, self._counts())
+
+    def values(self) -> np.ndarray:
+        """The value column, float64, in row order."""
+        return self._value()
+
     def _counts(self) -> np.ndarray:
         return (
             self._layout.counts
@@ -132,8 +142,7 @@ class Rows:
 
     def to_arrow(self) -> pa.Table:
         """The rows as a pyarrow Table with columns M, K, N, numel, site, op_type, role, stat, idx, value."""
-        layout = self._layout or RowLayout(self._meta, self._counts())
-        return pa.table({**layout.columns(), "value": arrow_float64(self._value())})
+        return pa.table({**self.layout.columns(), "value": arrow_float64(self._value())})
 
 
 def _meta_of(coded: Coded) -> list[tuple]:

@@ -57,7 +57,7 @@ from .recorder import (
 from .recorder import default_parity_tolerance as _default_tol
 from .session import RuntimeConfig, for_tapped, make_session, session_signature
 from .session import _one_line as one_line
-from .table import TableWriter, batch_table, format_of, is_table_folder, sidecar_paths
+from .table import TableWriter, batches_table, format_of, is_table_folder, sidecar_paths
 
 PHASES = ("prefill", "decode")
 # metadata_props that bound a sequence (scripts/make_decoder.py writes the first, transformers' config name)
@@ -203,16 +203,21 @@ class StepDecoder:
     def __call__(self, step: int, outputs: dict[str, np.ndarray]) -> Decoded:
         return decode_group(self, [(step, outputs)])
 
-    def tables(self, batches: list[tuple[int, dict[str, np.ndarray]]]) -> list[tuple[pa.Table, Rows]]:
+    def table(self, batches: list[tuple[int, dict[str, np.ndarray]]]) -> tuple[pa.Table, list[Rows]]:
         many = decode_many(self.manifest, [outputs for _, outputs in batches], self.host)
-        return [(self._table(step, rows), rows) for (step, _), rows in zip(batches, many)]
-
-    def _table(self, step: int, rows: Rows) -> pa.Table:
-        table = batch_table(rows, self.labels[0], step, self.labels[1], self.labels[2])
-        n = table.num_rows
-        phase = PHASES[0] if step == 0 else PHASES[1]
-        table = table.append_column("phase", arrow_strings([phase], np.zeros(n, np.int64)))
-        return table.append_column("position", arrow_int64(np.full(n, position_of(step, self.prompt_len))))
+        steps = [step for step, _ in batches]
+        table = batches_table(many, self.labels[0], steps, self.labels[1], self.labels[2])
+        sizes = [len(rows) for rows in many]
+        phases = [0 if step == 0 else 1 for step in steps]
+        if len(set(phases)) == 1:  # one label: its bytes repeated, no take (`arrow_strings`)
+            phase = arrow_strings([PHASES[phases[0]]], np.zeros(table.num_rows, np.int64))
+        else:
+            phase = arrow_strings(list(PHASES), np.repeat(phases, sizes))
+        table = table.append_column("phase", phase)
+        positions = [position_of(step, self.prompt_len) for step in steps]
+        return table.append_column(
+            "position", arrow_int64(np.repeat(np.asarray(positions, np.int64), sizes))
+        ), many
 
 
 def position_of(step: int, prompt_len: int) -> int:

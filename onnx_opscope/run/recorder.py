@@ -57,7 +57,7 @@ from .kernels import checked_sites
 from .session import RuntimeConfig, for_tapped, make_session, resolve_providers, run
 from .table import (
     TableWriter,
-    batch_table,
+    batches_table,
     encode_part,
     format_of,
     is_table_folder,
@@ -270,13 +270,11 @@ class BatchDecoder:
     def __call__(self, step: int, outputs: dict[str, np.ndarray]) -> Decoded:
         return decode_group(self, [(step, outputs)])
 
-    def tables(self, batches: list[tuple[int, dict[str, np.ndarray]]]) -> list[tuple[pa.Table, Rows]]:
-        """Each batch's rows, and as the table's columns (decoded together: `decode_many`)."""
+    def table(self, batches: list[tuple[int, dict[str, np.ndarray]]]) -> tuple[pa.Table, list[Rows]]:
+        """The batches' rows (decoded together: `decode_many`), and as one table."""
         run_id, provider, dist = self.labels
         many = decode_many(self.manifest, [outputs for _, outputs in batches], self.host)
-        return [
-            (batch_table(rows, run_id, step, provider, dist), rows) for (step, _), rows in zip(batches, many)
-        ]
+        return batches_table(many, run_id, [step for step, _ in batches], provider, dist), many
 
 
 class TableDecoder(Protocol):
@@ -286,22 +284,17 @@ class TableDecoder(Protocol):
     fmt: str
     online: bool
 
-    def tables(self, batches: list[tuple[int, dict[str, np.ndarray]]]) -> list[tuple[pa.Table, Rows]]: ...
+    def table(self, batches: list[tuple[int, dict[str, np.ndarray]]]) -> tuple[pa.Table, list[Rows]]: ...
 
 
 def decode_group(decoder: TableDecoder, batches: list[tuple[int, dict[str, np.ndarray]]]) -> Decoded:
-    """Batches in step order as one part: decoded together, their tables laid end to end, encoded once
-    (a Parquet file costs ~0.5 ms however few its rows)."""
-    tables, n, dims = [], 0, None
-    for (step, _), (table, rows) in zip(batches, decoder.tables(batches)):
-        tables.append(table)
-        n += len(rows)
-        if step == 0:
-            dims = _site_dims(rows)
+    """Batches in step order as one part: decoded together into one table, encoded once (a Parquet file
+    costs ~0.5 ms however few its rows)."""
+    table, many = decoder.table(batches)
+    dims = next((_site_dims(rows) for (step, _), rows in zip(batches, many) if step == 0), None)
     online = tuple(batch_online(decoder.manifest, o) for _, o in batches) if decoder.online else ()
-    table = tables[0] if len(tables) == 1 else pa.concat_tables(tables)
     part = encode_part(table, decoder.fmt, first=batches[0][0] == 0)
-    return Decoded(part, n, dims, online, len(batches))
+    return Decoded(part, table.num_rows, dims, online, len(batches))
 
 
 PART_ROWS = 1 << 17
