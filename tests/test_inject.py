@@ -486,7 +486,7 @@ def test_build_places_taps_after_their_producer_or_at_the_end():
     for placement in ("producer", "end"):
         target, names = _target(model)
         _, taps = plan_taps(target.sites, names, target.table, target.index)
-        inserts = build(target, taps, sk.SketchOptions(), placement)
+        inserts, _ = build(target, taps, sk.SketchOptions(), placement)
         live = [t for t in taps if not t.constant]
         assert all(t.outputs for t in live) and all(not t.outputs for t in taps if t.constant)
         positions = sorted(inserts[""])
@@ -505,9 +505,10 @@ def test_expose_then_splice_keeps_originals_first():
     model = zoo.build("loop")
     target, names = _target(model, ["all"])
     _, taps = plan_taps(target.sites, names, target.table, target.index)
-    inserts = build(target, taps, sk.SketchOptions(), "producer")
+    inserts, branch_packs = build(target, taps, sk.SketchOptions(), "producer")
+    assert not branch_packs  # a Loop body's taps keep an output a raw: their iterations are stacked
     n_nodes = {p: len(target.index[p].graph.node) for p in inserts}
-    expose_all(target, taps, sk.SketchOptions())
+    assert expose_all(target, taps, sk.SketchOptions(), branch_packs) == []
     outputs = [o.name for o in target.model.graph.output]
     assert outputs[: len(model.graph.output)] == [o.name for o in model.graph.output]
     assert set(outputs[len(model.graph.output) :]) == {n for t in taps for n in t.outputs.values()}

@@ -23,6 +23,7 @@ from onnx_opscope.instrument import (
     unpacked,
 )
 from onnx_opscope.instrument.decode import rows_of
+from onnx_opscope.instrument.manifest import VERSION
 from onnx_opscope.instrument.packing import PACKS, pack_of
 from onnx_opscope.sketch import SketchOptions
 from onnx_opscope.sketch.histogram import sample_lengths, sample_positions
@@ -78,16 +79,50 @@ def test_det_outputs_shrink_to_the_packs():
     assert check_members(inst, manifest, real_feeds("ppocrv4_det")) == raws
 
 
-def test_subgraph_copied_and_vector_raws_keep_their_own_outputs():
-    """Taps in If branches, copied taps and per-channel vectors are not packed."""
+def test_a_tap_in_if_branches_packs_its_scalars_alone():
+    """A tap in If branches: its rank-0 float raws in one vector of its own (an output of every If above
+    it), its shape, sample and per-channel vector outputs of their own; none in the main graph's packs.
+    Decoded, its sketches equal those of the same tensors copied out (numpy on the tensor itself), on
+    both branches and the nested If's, and a branch not taken leaves its taps out as before."""
     model = zoo.build("if_model")
-    inst, manifest = inject(model, None, ["min", "max", "chan_maxabs"], SketchOptions(copy_out_max=0))
+    chosen = ["min", "max", "mean", "sumsq", "nan_count", "chan_maxabs"]
+    inst, manifest = inject(model, None, chosen, SketchOptions(copy_out_max=0))
     opts = manifest.sketch_options()
     sub = [t for t in manifest.taps if t.graph and not t.constant]
     assert sub and all(pack_of(t, raw, opts) is None for t in sub for raw in t.outputs)
     names = set(manifest.output_names())
-    assert all(t.outputs[r] in names for t in sub for r in t.outputs)
-    check_members(inst, manifest, zoo.example_feeds("if_model", model=model))
+    for t in sub:
+        packs = [p for p in manifest.packed if any(tid == t.id for tid, _ in p["raws"])]
+        assert len(packs) == 1 and packs[0]["pack"] == "scalars" and packs[0]["output"] in names, t.id
+        scalars = {raw for _, raw in packs[0]["raws"]}
+        assert (
+            {"min", "max"} <= scalars and len(scalars) >= 4 and not scalars & {"shape", "samples", "chan_abs"}
+        )
+        assert all(t.outputs[r] in names for r in t.outputs if r not in scalars)
+    ref, ref_manifest = inject(
+        model, None, chosen, SketchOptions(copy_out_max=4096), input_shapes={"x": [2, 16]}
+    )
+    assert all(t.copied for t in ref_manifest.taps if not t.constant)
+    ran = set()
+    for seed in range(6):
+        feeds = zoo.example_feeds("if_model", model=model, seed=seed)
+        got = _rows(inst, manifest, feeds)
+        want = _rows(ref, ref_manifest, feeds)
+        assert got.keys() == want.keys() and got, seed
+        for key, value in got.items():
+            np.testing.assert_allclose(value, want[key], rtol=1e-5, atol=1e-6, err_msg=str(key))
+        ran |= {key[0] for key in got}
+    assert len(ran) >= 3, ran  # then, else and the nested If's branches ran over the seeds
+
+
+def _rows(inst, manifest, feeds) -> dict[tuple, float]:
+    """(site, role, stat, idx) -> value of one run's decoded rows."""
+    rows = decode(manifest, run_all(inst, feeds), host_values(manifest, inst))
+    return dict(zip(zip(rows.site, rows.role, rows.stat, rows.idx, strict=True), rows.value, strict=True))
+
+
+def test_copied_and_vector_raws_keep_their_own_outputs():
+    """Copied taps and per-channel vectors are not packed."""
     model = zoo.build("transformer_block")
     feeds = zoo.example_feeds("transformer_block", model=model)
     shapes = {k: v.shape for k, v in feeds.items()}
@@ -141,7 +176,7 @@ def test_an_older_manifest_is_refused(tmp_path):
     d = json.loads(path.read_text())
     d["version"] = 2
     path.write_text(json.dumps(d))
-    with pytest.raises(OpscopeError, match="manifest version 2 is not 3"):
+    with pytest.raises(OpscopeError, match=f"manifest version 2 is not {VERSION}"):
         load_manifest(path)
 
 

@@ -37,7 +37,7 @@ from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import NamedTuple
 
-from onnx import ModelProto, NodeProto, helper
+from onnx import ModelProto, NodeProto, TensorProto, helper
 
 from .. import sketch as sk
 from ..errors import OpscopeError
@@ -60,7 +60,7 @@ from ..shapes import ShapeTable, infer_shapes
 from ..shapes.symbolic import evaluate
 from ..sites import SHADOW_SUFFIX, Selection, Site, find_sites, select
 from .manifest import Manifest, TapRecord, manifest_path_for
-from .packing import pack_of, pack_outputs
+from .packing import branch_scalars, pack_branch_scalars, pack_of, pack_outputs
 from .plan import plan_taps, tensor_type
 from .qdq import converts_s8_to_u8, dequantize, unsigned_pairs
 from .samples import shared_sample_indices
@@ -132,10 +132,11 @@ def inject(
     if options.copy_out_max:
         shapes = _shapes_of(input_shapes, target)
         mark_copied(taps, target.table, options.copy_out_max, shapes, target.index, target.light)
-    inserts = build(target, taps, options, placement)
-    expose_all(target, taps, options)
+    inserts, branch_packs = build(target, taps, options, placement)
+    in_branches = expose_all(target, taps, options, branch_packs)
     main = target.index.main.graph
     pack_nodes, packed = pack_outputs(main, target.opset, target.names, target.constants, taps, options)
+    packed = in_branches + packed
     inserts.setdefault("", {}).setdefault(len(main.node) - 1, []).extend(pack_nodes)  # after all else
     splice_all(target.index, inserts)
     if target.constants is not None:
@@ -279,8 +280,11 @@ def _numel_at(shape: tuple | None, values: Mapping[str, int]) -> int | None:
     return math.prod(int(d) for d in dims)
 
 
-def build(target: _Target, taps: list[TapRecord], options: sk.SketchOptions, placement: str) -> Inserts:
-    """Build the nodes of every live tap (and of the shadow softmaxes they read); returns where they go.
+def build(
+    target: _Target, taps: list[TapRecord], options: sk.SketchOptions, placement: str
+) -> tuple[Inserts, dict[str, tuple[str, list[str]]]]:
+    """Build the nodes of every live tap (and of the shadow softmaxes they read); returns where they go,
+    and per tap in If branches that packs its scalars (`packing.pack_branch_scalars`) the pack and its raws.
 
     Fills each TapRecord's `outputs` (raw -> tensor name inside its graph).
     """
@@ -325,6 +329,7 @@ def build(target: _Target, taps: list[TapRecord], options: sk.SketchOptions, pla
         for pos, nodes in at.items():
             inserts.setdefault(graph, {}).setdefault(pos, []).extend(nodes)
     templates = TapTemplates(target.opset, options, target.names, target.constants)
+    branch_packs: dict[str, tuple[str, list[str]]] = {}
     for k, tap, source, _, prelude, pos in live:
         if tap.copied:  # the tensor itself, under a name of ours (it may be an input or an output already)
             copy = target.names.fresh(f"opscope_t{k}_tensor")
@@ -339,8 +344,15 @@ def build(target: _Target, taps: list[TapRecord], options: sk.SketchOptions, pla
                 f"opscope_t{k}_", source, tap.info(), tap.sketches, shared.get(k), packed=not tap.graph
             )
             tap.outputs, tap.slow = built.outputs, list(built.slow)
+            members = (
+                branch_scalars(tap, options) if tap.graph and _in_if_branches(target.index, tap.graph) else []
+            )
+            if members:
+                b = Builder(target.opset, target.names, f"opscope_t{k}_pack_", target.constants)
+                pack, out = pack_branch_scalars(tap, members, b, target.names)
+                nodes, branch_packs[tap.id] = [*nodes, *pack], (out, members)
         inserts.setdefault(tap.graph, {}).setdefault(pos, []).extend([*prelude, *nodes])
-    return inserts
+    return inserts, branch_packs
 
 
 def _dequantize(target: _Target, k: int, tap: TapRecord) -> tuple[str, list[NodeProto]]:
@@ -349,10 +361,17 @@ def _dequantize(target: _Target, k: int, tap: TapRecord) -> tuple[str, list[Node
     return dequantize(b, target.index, tap), b.nodes
 
 
-def expose_all(target: _Target, taps: list[TapRecord], options: sk.SketchOptions) -> None:
+def expose_all(
+    target: _Target,
+    taps: list[TapRecord],
+    options: sk.SketchOptions,
+    branch_packs: dict[str, tuple[str, list[str]]],
+) -> list[dict]:
     """Make every raw output of every tap a model output; fills `outputs` with the model-level names
     and `stacked` with the Loop / Scan levels each tap's outputs gained. Raws that go into a pack
-    (`packing.pack_of`) are left to `packing.pack_outputs`."""
+    (`packing.pack_of`) are left to `packing.pack_outputs`; those of a tap in If branches that packs its
+    scalars leave in its pack, whose manifest entries (`Manifest.packed`) this returns."""
+    entries = []
     for tap in taps:
         if tap.copied:
             if "shape" in tap.outputs:
@@ -369,8 +388,12 @@ def expose_all(target: _Target, taps: list[TapRecord], options: sk.SketchOptions
             )
             continue
         chosen = [sk.REGISTRY[n] for n in tap.sketches]
+        pack, members = branch_packs.get(tap.id, ("", []))
+        if pack:
+            out, _ = expose(target.index, tap.graph, pack, TensorProto.FLOAT, 1, target.names)
+            entries.append({"output": out, "pack": "scalars", "raws": [[tap.id, raw] for raw in members]})
         for raw, name in list(tap.outputs.items()):
-            if pack_of(tap, raw, options) is not None:
+            if raw in members or pack_of(tap, raw, options) is not None:
                 continue
             tap.outputs[raw], tap.stacked = expose(
                 target.index,
@@ -380,6 +403,7 @@ def expose_all(target: _Target, taps: list[TapRecord], options: sk.SketchOptions
                 sk.raw_rank(raw, chosen),
                 target.names,
             )
+    return entries
 
 
 def splice_all(index: ModelIndex, inserts: Inserts) -> None:

@@ -28,8 +28,9 @@ from ..files import write_text
 from ..sketch import SketchOptions, TapInfo
 
 FORMAT = "onnx-opscope/manifest"
-VERSION = 3  # 2: the main graph's small raws packed into a few outputs (`packing`); 3: the masking
-# branch's raws of a main-graph tap in one vector (`TapRecord.slow`)
+VERSION = 4  # 2: the main graph's small raws packed into a few outputs (`packing`); 3: the masking
+# branch's raws of a main-graph tap in one vector (`TapRecord.slow`); 4: a tap in If branches packs its
+# scalars into one vector (`packing.pack_branch_scalars`), empty when its branch did not run
 
 
 @dataclass

@@ -17,8 +17,10 @@ at the end of the graph:
   branch from their check Σx² (not finite), and cuts their vectors by the sizes of the clean raws
   they replace (`Unpacked.overridden`).
 
-Taps in subgraphs (their outputs are If outputs with "not run" markers, or stacked by Loop /
-Scan), copied taps and the other raws (per-channel vectors, bin indices) keep an output each.
+A tap in If branches (its outputs are If outputs, with "not run" markers from the branches not taken)
+packs its rank-0 float raws into one vector of its own (`pack_branch_scalars`), empty when its branch
+did not run; its shape and sample keep their outputs. Taps in Loop / Scan bodies (stacked per
+iteration), copied taps and the other raws (per-channel vectors, bin indices) keep an output each.
 The manifest lists each pack with its (tap, raw) members in order (`Manifest.packed`), and
 `unpacked` gives the decode a run's outputs under the members' own names, sliced on first use.
 """
@@ -54,6 +56,32 @@ def pack_of(tap: TapRecord, raw: str, options: sk.SketchOptions) -> str | None:
     if sk.raw_dtype(raw, options) == TensorProto.FLOAT and sk.raw_rank(raw, chosen) == 0:
         return "scalars"
     return None
+
+
+def branch_scalars(tap: TapRecord, options: sk.SketchOptions) -> list[str]:
+    """The rank-0 float raws of an in-graph tap in If branches (not in a Loop or Scan body), which leave
+    its branch as one vector (`pack_branch_scalars`); [] for fewer than two."""
+    chosen = [sk.REGISTRY[n] for n in tap.sketches]
+    got = [
+        raw
+        for raw in tap.outputs
+        if raw not in ("shape", "samples")
+        and sk.raw_dtype(raw, options) == TensorProto.FLOAT
+        and sk.raw_rank(raw, chosen) == 0
+    ]
+    return got if len(got) > 1 else []
+
+
+def pack_branch_scalars(
+    tap: TapRecord, members: list[str], b: Builder, names: Names
+) -> tuple[list[NodeProto], str]:
+    """The nodes that concatenate `members` of a tap in If branches into one vector, and its name. Every
+    output of a branch is an output of each If above it, and each branch not taken gives an empty one
+    in its place: silero_vad_v6's six taps in the branch it does not take made 54 of them."""
+    one = b.i64([1])
+    out = names.fresh(f"opscope_{tap.id}_scalars")
+    b.op("Concat", [b.op("Reshape", [tap.outputs[r], one]) for r in members], out=out, axis=0)
+    return b.nodes, out
 
 
 def pack_outputs(
@@ -116,7 +144,7 @@ class Unpacked(dict):
             return self[key]
         out, start, stop, scalar = where
         v = np.asarray(super().__getitem__(out))[start:stop]
-        if scalar:  # rank 0, as its own output would be
+        if scalar and v.size:  # rank 0, as its own output would be (a branch not taken: empty)
             v = v.reshape(())
         self[key] = v
         return v
