@@ -12,7 +12,8 @@ from onnx import TensorProto
 
 from onnx_opscope import sketch as sk
 from onnx_opscope import zoo
-from onnx_opscope.instrument import decode_tap, decode_taps, host_values, inject
+from onnx_opscope.errors import OpscopeError
+from onnx_opscope.instrument import decode_tap, decode_taps, host_values, inject, unpacked
 from onnx_opscope.run import FeedSpec, RuntimeConfig, make_session, read_table, record
 
 NAMES = sk.resolve(None) + ["l1", "nnz"]  # every sketch with a segmented form, plus one without
@@ -81,7 +82,7 @@ def small_activations(name: str, feeds: dict) -> tuple[list[np.ndarray], list[st
     inst, manifest = inject(model, None, ["all"], input_shapes={k: v.shape for k, v in feeds.items()})
     copied = [t for t in manifest.taps if t.copied]
     sess = make_session(inst, RuntimeConfig(graph_opt="disable"))
-    outs = dict(zip([o.name for o in sess.get_outputs()], sess.run(None, feeds)))
+    outs = unpacked(manifest, dict(zip([o.name for o in sess.get_outputs()], sess.run(None, feeds))))
     return [np.asarray(outs[t.outputs["tensor"]]) for t in copied], [t.tensor for t in copied]
 
 
@@ -124,7 +125,10 @@ def test_decode_tap_of_a_copied_tap():
     sess = make_session(inst, RuntimeConfig(graph_opt="disable"))
     outs = dict(zip([o.name for o in sess.get_outputs()], sess.run(None, feeds)))
     tap = next(t for t in manifest.taps if t.copied and t.tensor == "x")
-    values, shape = decode_tap(tap, outs, manifest.sketch_options())
+    with pytest.raises(OpscopeError, match="is not among the run.s outputs") as err:  # as the run gives them
+        decode_tap(tap, outs, manifest.sketch_options())
+    assert "unpacked(manifest, outputs)" in err.value.hint
+    values, shape = decode_tap(tap, unpacked(manifest, outs), manifest.sketch_options())
     assert shape == [2, 32, 64]
     assert_same(values, sk.references(tap.sketches, feeds["x"], tap.info(), manifest.sketch_options()), "x")
     assert host_values(manifest, model) is not None
@@ -293,4 +297,4 @@ def test_silero_decoder_taps_are_copied_at_the_recorded_shapes():
     assert {t.id for t in ran} <= {t.id for t in taken} and len(ran) >= 12
     values = tensor_values(inline_taken_ifs(model, feeds), sorted({t.tensor for t in ran}), feeds)
     opts = manifest.sketch_options()
-    assert check_taps(ran, outs, values, opts, host) == sum(len(t.sketches) for t in ran)
+    assert check_taps(ran, unpacked(manifest, outs), values, opts, host) == sum(len(t.sketches) for t in ran)

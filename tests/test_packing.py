@@ -121,8 +121,9 @@ def _rows(inst, manifest, feeds) -> dict[tuple, float]:
     return dict(zip(zip(rows.site, rows.role, rows.stat, rows.idx, strict=True), rows.value, strict=True))
 
 
-def test_copied_and_vector_raws_keep_their_own_outputs():
-    """Copied taps and per-channel vectors are not packed."""
+def test_copied_tensors_leave_in_one_pack_and_vectors_keep_their_outputs():
+    """The main graph's copied tensors leave as one vector and their shapes; per-channel vectors keep an
+    output each; every copied tensor read out of its pack equals the tensor itself."""
     model = zoo.build("transformer_block")
     feeds = zoo.example_feeds("transformer_block", model=model)
     shapes = {k: v.shape for k, v in feeds.items()}
@@ -131,11 +132,15 @@ def test_copied_and_vector_raws_keep_their_own_outputs():
     )
     copied = [t for t in manifest.taps if t.copied]
     vectors = [t for t in manifest.taps if "chan_abs" in t.outputs]
-    assert copied and vectors and {p["pack"] for p in manifest.packed} == {"shapes", "scalars", "slow"}
+    assert (
+        copied and vectors and {p["pack"] for p in manifest.packed} == {"shapes", "scalars", "slow", "copied"}
+    )
+    (pack,) = [p for p in manifest.packed if p["pack"] == "copied"]
+    assert pack["raws"] == [[t.id, "tensor"] for t in copied]
     names = set(manifest.output_names())
-    assert all(t.outputs["tensor"] in names for t in copied)
+    assert {pack["output"], pack["shapes"]} <= names and not {t.outputs["tensor"] for t in copied} & names
     assert all(t.outputs["chan_abs"] in names for t in vectors)
-    check_members(inst, manifest, feeds)
+    assert check_members(inst, manifest, feeds) > len(copied)
 
 
 def test_sample_lengths_are_those_of_the_sample_positions():

@@ -47,9 +47,16 @@ def decode_tap(
             hint="its values come from host_values(); decode() and decode_taps() take them as host=",
         )
     if tap.copied:  # the tensor itself: its sketches are the numpy references
-        if not _copied_ran(tap, raw_out):
-            return {}, None
-        x = np.asarray(raw_out[tap.outputs["tensor"]])
+        try:
+            if not _copied_ran(tap, raw_out):
+                return {}, None
+            x = np.asarray(raw_out[tap.outputs["tensor"]])
+        except KeyError as exc:
+            raise OpscopeError(
+                f"copied tap {tap.id} ({tap.tensor!r}): {exc.args[0]!r} is not among the run's outputs",
+                hint="copied tensors are packed: read the outputs through unpacked(manifest, outputs) "
+                "(onnx_opscope.instrument); decode() and decode_taps() do that themselves",
+            ) from None
         return sk.references(tap.sketches, x, tap.info(), opts), list(x.shape)
     try:
         parts = _split_iterations(tap, raw_out)

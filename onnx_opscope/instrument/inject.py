@@ -60,7 +60,7 @@ from ..shapes import ShapeTable, infer_shapes
 from ..shapes.symbolic import evaluate
 from ..sites import SHADOW_SUFFIX, Selection, Site, find_sites, select
 from .manifest import Manifest, TapRecord, manifest_path_for
-from .packing import branch_scalars, pack_branch_scalars, pack_of, pack_outputs
+from .packing import branch_scalars, copied_groups, pack_branch_scalars, pack_copied, pack_of, pack_outputs
 from .plan import plan_taps, tensor_type
 from .qdq import converts_s8_to_u8, dequantize, unsigned_pairs
 from .samples import shared_sample_indices
@@ -133,7 +133,13 @@ def inject(
         shapes = _shapes_of(input_shapes, target)
         mark_copied(taps, target.table, options.copy_out_max, shapes, target.index, target.light)
     inserts, branch_packs = build(target, taps, options, placement)
-    in_branches = expose_all(target, taps, options, branch_packs)
+    copied = {}
+    for graph, members in copied_groups(taps).items():  # after every other node of their graph
+        b = Builder(target.opset, target.names, "opscope_c_", target.constants)
+        nodes, values, shapes = pack_copied(members, b, target.names)
+        inserts.setdefault(graph, {}).setdefault(len(target.index[graph].graph.node) - 1, []).extend(nodes)
+        copied[graph] = (values, shapes, members)
+    in_branches = expose_all(target, taps, options, branch_packs, copied)
     main = target.index.main.graph
     pack_nodes, packed = pack_outputs(main, target.opset, target.names, target.constants, taps, options)
     packed = in_branches + packed
@@ -366,13 +372,24 @@ def expose_all(
     taps: list[TapRecord],
     options: sk.SketchOptions,
     branch_packs: dict[str, tuple[str, list[str]]],
+    copied: dict[str, tuple[str, str, list[TapRecord]]] | None = None,
 ) -> list[dict]:
     """Make every raw output of every tap a model output; fills `outputs` with the model-level names
     and `stacked` with the Loop / Scan levels each tap's outputs gained. Raws that go into a pack
     (`packing.pack_of`) are left to `packing.pack_outputs`; those of a tap in If branches that packs its
-    scalars leave in its pack, whose manifest entries (`Manifest.packed`) this returns."""
+    scalars leave in its pack, and the copied tensors of a graph in `copied` (graph -> its values' pack,
+    its shapes', its taps) in theirs: this returns those packs' manifest entries (`Manifest.packed`)."""
     entries = []
+    in_pack = set()
+    for graph, (values, shapes, members) in (copied or {}).items():
+        out, _ = expose(target.index, graph, values, TensorProto.FLOAT, 1, target.names)
+        dims, _ = expose(target.index, graph, shapes, TensorProto.INT64, 1, target.names)
+        raws = [[t.id, "tensor"] for t in members]
+        entries.append({"output": out, "pack": "copied", "shapes": dims, "raws": raws})
+        in_pack.update(t.id for t in members)
     for tap in taps:
+        if tap.id in in_pack:
+            continue
         if tap.copied:
             if "shape" in tap.outputs:
                 tap.outputs["shape"], _ = expose(

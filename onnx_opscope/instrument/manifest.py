@@ -30,7 +30,8 @@ from ..sketch import SketchOptions, TapInfo
 FORMAT = "onnx-opscope/manifest"
 VERSION = 4  # 2: the main graph's small raws packed into a few outputs (`packing`); 3: the masking
 # branch's raws of a main-graph tap in one vector (`TapRecord.slow`); 4: a tap in If branches packs its
-# scalars into one vector (`packing.pack_branch_scalars`), empty when its branch did not run
+# scalars into one vector (`packing.pack_branch_scalars`), empty when its branch did not run, and the
+# copied tensors of a graph leave it as two outputs, their values and their shapes (`packing.pack_copied`)
 
 
 @dataclass
@@ -91,7 +92,8 @@ class Manifest:
     # taps not placed because they would change what onnxruntime computes (run.kernels): one dict
     # per (site, role) with the tensor, the optimization level and the kernels that would change
     left_out: list[dict] = field(default_factory=list)
-    # the packed outputs (`packing`): {"output", "pack": shapes | scalars | samples | slow, "raws": [[tap id, raw]]};
+    # the packed outputs (`packing`): {"output", "pack": shapes | scalars | samples | slow | copied,
+    # "raws": [[tap id, raw]]} (and "shapes", the copied tensors' shapes, for a copied pack);
     # a member's `TapRecord.outputs` name is then a tensor inside the model, read out of its pack
     packed: list[dict] = field(default_factory=list)
 
@@ -107,7 +109,7 @@ class Manifest:
         """The model outputs a run fetches for the taps: the packs and every raw outside them."""
         members = self.layout.members if self.packed else set()
         own = [name for t in self.taps for name in t.outputs.values() if name not in members]
-        return own + [p["output"] for p in self.packed]
+        return own + [o for p in self.packed for o in (p["output"], p.get("shapes")) if o]
 
     def outputs(self) -> list[dict]:
         """One entry per appended output, as DESIGN.md's manifest lists them."""
@@ -157,10 +159,17 @@ class PackLayout:
         self.pack_of: dict[str, str] = {}  # member -> its pack's output
         # (output, per member tap: its own member, its check's, the members its masking branch overrides in order)
         self.slow: tuple[str, list[tuple[str, str, list[str]]]] | None = None
+        self.copied: dict[str, tuple[str, list[str], list[int]]] = {}  # pack -> (its shapes, members, ranks)
+        self.copied_in: dict[str, str] = {}  # a copied tensor -> its pack
         for entry in manifest.packed:
             out, pack = entry["output"], entry["pack"]
             members = [(by_id[tid], raw) for tid, raw in entry["raws"]]
             self.pack_of.update((t.outputs[r], out) for t, r in members)
+            if pack == "copied":
+                names = [t.outputs[r] for t, r in members]
+                self.copied[out] = (entry["shapes"], names, [int(t.rank or 0) for t, _ in members])
+                self.copied_in.update((name, out) for name in names)
+                continue
             if pack == "slow":
                 self.slow = (
                     out,

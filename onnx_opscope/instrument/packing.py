@@ -19,8 +19,10 @@ at the end of the graph:
 
 A tap in If branches (its outputs are If outputs, with "not run" markers from the branches not taken)
 packs its rank-0 float raws into one vector of its own (`pack_branch_scalars`), empty when its branch
-did not run; its shape and sample keep their outputs. Taps in Loop / Scan bodies (stacked per
-iteration), copied taps and the other raws (per-channel vectors, bin indices) keep an output each.
+did not run; its shape and sample keep their outputs. The copied float32 tensors of each graph (the
+main graph, an If branch) leave it as two outputs, their values end to end and their shapes
+(`pack_copied`). Taps in Loop / Scan bodies (stacked per iteration) and the other raws (per-channel
+vectors, bin indices) keep an output each.
 The manifest lists each pack with its (tap, raw) members in order (`Manifest.packed`), and
 `unpacked` gives the decode a run's outputs under the members' own names, sliced on first use.
 """
@@ -84,6 +86,29 @@ def pack_branch_scalars(
     return b.nodes, out
 
 
+def copied_groups(taps: list[TapRecord]) -> dict[str, list[TapRecord]]:
+    """graph path -> its copied float32 taps of known rank >= 1, in tap order, where a graph has two or
+    more: each group leaves its graph as one vector and their shapes (`pack_copied`)."""
+    groups: dict[str, list[TapRecord]] = {}
+    for tap in taps:
+        if tap.copied and tap.elem_type == TensorProto.FLOAT and tap.rank and "shape" not in tap.outputs:
+            groups.setdefault(tap.graph, []).append(tap)
+    return {graph: members for graph, members in groups.items() if len(members) > 1}
+
+
+def pack_copied(members: list[TapRecord], b: Builder, names: Names) -> tuple[list[NodeProto], str, str]:
+    """The nodes that lay the copied tensors of one graph end to end (flattened) and their ranks and shapes
+    end to end, to append after every other node of that graph: (nodes, the values' vector, the shapes'). Two
+    outputs for the lot, where each tensor was an output: captcha_crnn copies 162 tensors out."""
+    flat = b.i64([-1])
+    values = names.fresh("opscope_copied")
+    b.op("Concat", [b.op("Reshape", [t.outputs["tensor"], flat]) for t in members], out=values, axis=0)
+    shapes = names.fresh("opscope_copied_shapes")  # each tensor's rank, then its dims: a rank may follow
+    dims = [b.op("Shape", [t.outputs["tensor"]]) for t in members]  # the inputs' (an unrolled loop's)
+    b.op("Concat", [p for d in dims for p in (b.op("Shape", [d]), d)], out=shapes, axis=0)
+    return b.nodes, values, shapes
+
+
 def pack_outputs(
     graph: GraphProto,
     opset: int,
@@ -131,6 +156,9 @@ class Unpacked(dict):
             self._override_slow()
 
     def __missing__(self, key: str) -> np.ndarray:
+        if key in self.layout.copied_in:
+            self._unpack_copied(self.layout.copied_in[key])
+            return self[key]
         where = self.layout.where.get(key)
         if where is None and self.layout.slow is not None and key in self.layout.slow_members:
             v = np.asarray(super().__getitem__(self.layout.slow[0]))[:0]  # its tap took the clean branch
@@ -197,6 +225,26 @@ class Unpacked(dict):
                 self.overridden.add(m)
                 at += c.size
             self[own] = flat[start:at]
+
+    def _unpack_copied(self, out: str) -> None:
+        """Every copied tensor of pack `out`, each in its shape (a view); of a branch that did not run,
+        empty tensors of shape [0, ..., 0], as their own outputs were."""
+        shapes, members, ranks = self.layout.copied[out]
+        flat = np.asarray(super().__getitem__(out))
+        dims = np.asarray(super().__getitem__(shapes)).tolist()
+        if not dims:
+            for member, rank in zip(members, ranks):
+                self[member] = flat[:0].reshape((0,) * rank)
+            return
+        at = d = 0
+        for member in members:
+            rank = dims[d]
+            shape = dims[d + 1 : d + 1 + rank]
+            n = math.prod(shape)
+            self[member] = flat[at : at + n].reshape(shape)
+            at, d = at + n, d + 1 + rank
+        if at != flat.size or d != len(dims):
+            raise ValueError(f"{out}: {flat.size} values, {len(dims)} dims where its members make {at}, {d}")
 
     def _sample_lengths(self) -> np.ndarray:
         shapes = self.layout.samples[2]

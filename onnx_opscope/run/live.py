@@ -182,7 +182,7 @@ class LiveRecorder:
         # what a sampled call fetches: the samples' own outputs, or the packs they are in (all of them:
         # a packed sample's length comes from its shape, in the shapes pack)
         members = self.manifest.layout.members if self.manifest.packed else set()
-        packs = [p["output"] for p in self.manifest.packed]
+        packs = [o for p in self.manifest.packed for o in (p["output"], p.get("shapes")) if o]
         self._fetch = [n for n in dict.fromkeys(self._tap_names) if n not in members] + packs
         # elemsig of each tapped tensor at the last sampled call (zero-padded to elemsig_k), and the
         # running sum and count of its step-to-step distances: one vectorized pass a sampled call
