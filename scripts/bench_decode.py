@@ -2,6 +2,7 @@
 
     python scripts/bench_decode.py                          # tiny_taps, silero_vad_v6, captcha_crnn, ppocrv4_det
     python scripts/bench_decode.py --models tiny_taps --iters 400
+    python scripts/bench_decode.py --models silero_vad_v6 --group 64  # as record groups a fast model's batches
     python scripts/bench_decode.py --save SNAP              # also keep raw outputs, manifests and tables
     python scripts/bench_decode.py --check SNAP             # decode SNAP's raw outputs, compare bit for bit
 
@@ -13,8 +14,9 @@ provider), run on `--batches` distinct feeds, and those outputs are decoded `--i
 each stage is timed per batch. Printed: median [p10-p90] µs per batch and µs per live tap, the
 ratio to the figures in `--against` (default: bench_decode_baseline.json beside this script, the
 code before the fast decode, measured on the shared 2-core machine of BENCHMARKS.md), and the host
-path a batch when 8 batches are decoded and encoded together (`run.recorder.decode_group`: what
-`record` does with the batches that pile up while its worker decodes).
+path a batch when 8 batches (`--group`) are decoded and encoded together (`run.recorder.decode_group`:
+what `record` does with the batches that pile up while its worker decodes, up to 64 for a model much
+faster than its decode, as silero_vad_v6).
 
 `--save` writes, per model and sketch set, the raw outputs, the manifest, the weight taps' host values
 and each batch's table; `--check` decodes those same raw outputs with the code as it is now and says
@@ -227,6 +229,12 @@ def main() -> int:
     p.add_argument("--sets", default="default", help=f"sketch sets, comma-separated, of {', '.join(SETS)}")
     p.add_argument("--batches", type=int, default=20, help="distinct recorded batches per model")
     p.add_argument("--iters", type=int, default=200, help="timed decodes per model (batches in turn)")
+    p.add_argument(
+        "--group",
+        type=int,
+        default=GROUP,
+        help=f"batches decoded together in the last column (default {GROUP}; record groups up to 64)",
+    )
     p.add_argument("--save", type=Path, help="also save raw outputs, manifests and tables in this folder")
     p.add_argument("--check", type=Path, help="only compare the tables of a --save folder with this code's")
     p.add_argument("--json", type=Path, help="write the figures here as JSON")
@@ -246,7 +254,7 @@ def main() -> int:
     before = json.loads(a.against.read_text())["figures"] if a.against and a.against.is_file() else {}
     print(
         "| model | set | taps (copied) | decode | table | encode | host path | its CPU time | µs / tap | before / now"
-        f" | host path, {GROUP} batches together |"
+        f" | host path, {a.group} batches together |"
     )
     print("|---|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|")
     figures = {}
@@ -256,7 +264,7 @@ def main() -> int:
             if a.save:
                 save(a.save, f"{name}-{sketch_set}", manifest, host, outputs)
             f = measure(manifest, host, outputs, a.iters)
-            f["grouped"] = measure_grouped(manifest, host, outputs, a.iters)
+            f["grouped"] = measure_grouped(manifest, host, outputs, max(a.iters, 4 * a.group), a.group)
             figures[f"{name}-{sketch_set}"] = f
             cells = [
                 f"{f[s][0]:.0f} [{f[s][1]:.0f}-{f[s][2]:.0f}]"

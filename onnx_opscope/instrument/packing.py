@@ -231,11 +231,21 @@ class Unpacked(dict):
         empty tensors of shape [0, ..., 0], as their own outputs were."""
         shapes, members, ranks = self.layout.copied[out]
         flat = np.asarray(super().__getitem__(out))
-        dims = np.asarray(super().__getitem__(shapes)).tolist()
-        if not dims:
+        dims = np.asarray(super().__getitem__(shapes))
+        if not dims.size:
             for member, rank in zip(members, ranks):
                 self[member] = flat[:0].reshape((0,) * rank)
             return
+        rank = int(dims[0])  # all of one rank (the usual case): their shapes and offsets in a few numpy calls
+        if dims.size == len(members) * (rank + 1) and (dims[:: rank + 1] == rank).all():
+            shape = dims.reshape(len(members), rank + 1)[:, 1:]
+            ends = np.cumsum(shape.prod(axis=1)).tolist()
+            if ends[-1] != flat.size:
+                raise ValueError(f"{out}: {flat.size} values where its members' shapes make {ends[-1]}")
+            for member, start, stop, dim in zip(members, [0, *ends[:-1]], ends, shape.tolist()):
+                self[member] = flat[start:stop].reshape(dim)
+            return
+        dims = dims.tolist()
         at = d = 0
         for member in members:
             rank = dims[d]
