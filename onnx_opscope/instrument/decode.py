@@ -331,11 +331,18 @@ class _Plan:
         self.branch_taps = [(i, t.graph) for i, t in enumerate(taps) if t.graph and not t.constant]
         self.branch_graphs = list(dict.fromkeys(g for _, g in self.branch_taps))
         self.wanted = {n for i in self.copied for n in taps[i].sketches}
-        # per copied tap: (index, its tensor's output, its ran marker's or None, whether it is in a branch)
-        self.copied_io = [
-            (i, taps[i].outputs["tensor"], taps[i].outputs.get("shape"), bool(taps[i].graph))
-            for i in self.copied
-        ]
+        # per copied tap, as `_copied_ran` reads it: (index, its tensor's output, an output empty when it did
+        # not run or None, whether a tensor with every dim 0 says so too). A packed tap's is its pack's shapes,
+        # empty when its branch did not run: its members are then not cut out of the pack at all
+        packs = manifest.layout if manifest.packed else None
+        self.copied_io = []
+        for i in self.copied:
+            t = taps[i]
+            pack = packs.copied_in.get(t.outputs["tensor"]) if packs is not None else None
+            marker = t.outputs.get("shape") or (packs.copied[pack][0] if pack is not None else None)
+            self.copied_io.append(
+                (i, t.outputs["tensor"], marker, bool(t.graph) and "shape" not in t.outputs)
+            )
         self.infos = {i: taps[i].info() for i in self.copied}
         # per copied tap, its sketches with no segmented form: listed once, not every batch (~2 µs a tap)
         self.unsegmented = {
@@ -430,12 +437,11 @@ class _Plan:
         larger one's) through `sketch.grouped_references`."""
         o = self.opts
         rest: list[tuple[int, list[str], np.ndarray]] = []
-        for i, tensor, marker, in_branch in self.copied_io:  # `_copied_ran`, its names looked up once
+        for i, tensor, marker, by_dims in self.copied_io:  # `_copied_ran`, its names looked up once
+            if marker is not None and not np.asarray(outputs[marker]).size:
+                continue
             a = np.asarray(outputs[tensor])
-            if marker is not None:
-                if not np.asarray(outputs[marker]).size:
-                    continue
-            elif in_branch and not any(a.shape):
+            if by_dims and not any(a.shape):
                 continue
             st.shapes[i] = a.shape
             if 0 < a.size <= o.sample_size:
