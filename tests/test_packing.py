@@ -79,13 +79,14 @@ def test_det_outputs_shrink_to_the_packs():
     assert check_members(inst, manifest, real_feeds("ppocrv4_det")) == raws
 
 
-def test_a_tap_in_if_branches_packs_its_scalars_alone():
-    """A tap in If branches: its rank-0 float raws in one vector of its own (an output of every If above
-    it), its shape, sample and per-channel vector outputs of their own; none in the main graph's packs.
-    Decoded, its sketches equal those of the same tensors copied out (numpy on the tensor itself), on
-    both branches and the nested If's, and a branch not taken leaves its taps out as before."""
+def test_a_tap_in_if_branches_packs_its_scalars_and_sample_alone():
+    """A tap in If branches: its rank-0 float raws and then its sample in one vector of its own (an output
+    of every If above it), its shape and per-channel vector outputs of their own; none in the main graph's
+    packs. Decoded, its sketches (the histogram and elemsig read the sample) equal those of the same tensors
+    copied out (numpy on the tensor itself), on both branches and the nested If's, and a branch not taken
+    leaves its taps out as before."""
     model = zoo.build("if_model")
-    chosen = ["min", "max", "mean", "sumsq", "nan_count", "chan_maxabs"]
+    chosen = ["min", "max", "mean", "sumsq", "nan_count", "hist", "elemsig", "chan_maxabs"]
     inst, manifest = inject(model, None, chosen, SketchOptions(copy_out_max=0))
     opts = manifest.sketch_options()
     sub = [t for t in manifest.taps if t.graph and not t.constant]
@@ -93,12 +94,11 @@ def test_a_tap_in_if_branches_packs_its_scalars_alone():
     names = set(manifest.output_names())
     for t in sub:
         packs = [p for p in manifest.packed if any(tid == t.id for tid, _ in p["raws"])]
-        assert len(packs) == 1 and packs[0]["pack"] == "scalars" and packs[0]["output"] in names, t.id
-        scalars = {raw for _, raw in packs[0]["raws"]}
-        assert (
-            {"min", "max"} <= scalars and len(scalars) >= 4 and not scalars & {"shape", "samples", "chan_abs"}
-        )
-        assert all(t.outputs[r] in names for r in t.outputs if r not in scalars)
+        assert len(packs) == 1 and packs[0]["pack"] == "tap" and packs[0]["output"] in names, t.id
+        raws = [raw for _, raw in packs[0]["raws"]]
+        assert {"min", "max"} <= set(raws) and len(raws) >= 5 and raws[-1] == "samples"
+        assert not set(raws) & {"shape", "chan_abs"}
+        assert all(t.outputs[r] in names for r in t.outputs if r not in raws)
     ref, ref_manifest = inject(
         model, None, chosen, SketchOptions(copy_out_max=4096), input_shapes={"x": [2, 16]}
     )

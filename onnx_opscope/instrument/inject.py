@@ -60,7 +60,7 @@ from ..shapes import ShapeTable, infer_shapes
 from ..shapes.symbolic import evaluate
 from ..sites import SHADOW_SUFFIX, Selection, Site, find_sites, select
 from .manifest import Manifest, TapRecord, manifest_path_for
-from .packing import branch_scalars, copied_groups, pack_branch_scalars, pack_copied, pack_of, pack_outputs
+from .packing import branch_raws, copied_groups, pack_branch_raws, pack_copied, pack_of, pack_outputs
 from .plan import plan_taps, tensor_type
 from .qdq import converts_s8_to_u8, dequantize, unsigned_pairs
 from .samples import shared_sample_indices
@@ -290,7 +290,7 @@ def build(
     target: _Target, taps: list[TapRecord], options: sk.SketchOptions, placement: str
 ) -> tuple[Inserts, dict[str, tuple[str, list[str]]]]:
     """Build the nodes of every live tap (and of the shadow softmaxes they read); returns where they go,
-    and per tap in If branches that packs its scalars (`packing.pack_branch_scalars`) the pack and its raws.
+    and per tap in If branches that packs its raws (`packing.pack_branch_raws`) the pack and its raws.
 
     Fills each TapRecord's `outputs` (raw -> tensor name inside its graph).
     """
@@ -351,11 +351,11 @@ def build(
             )
             tap.outputs, tap.slow = built.outputs, list(built.slow)
             members = (
-                branch_scalars(tap, options) if tap.graph and _in_if_branches(target.index, tap.graph) else []
+                branch_raws(tap, options) if tap.graph and _in_if_branches(target.index, tap.graph) else []
             )
             if members:
                 b = Builder(target.opset, target.names, f"opscope_t{k}_pack_", target.constants)
-                pack, out = pack_branch_scalars(tap, members, b, target.names)
+                pack, out = pack_branch_raws(tap, members, b, target.names)
                 nodes, branch_packs[tap.id] = [*nodes, *pack], (out, members)
         inserts.setdefault(tap.graph, {}).setdefault(pos, []).extend([*prelude, *nodes])
     return inserts, branch_packs
@@ -408,7 +408,7 @@ def expose_all(
         pack, members = branch_packs.get(tap.id, ("", []))
         if pack:
             out, _ = expose(target.index, tap.graph, pack, TensorProto.FLOAT, 1, target.names)
-            entries.append({"output": out, "pack": "scalars", "raws": [[tap.id, raw] for raw in members]})
+            entries.append({"output": out, "pack": "tap", "raws": [[tap.id, raw] for raw in members]})
         for raw, name in list(tap.outputs.items()):
             if raw in members or pack_of(tap, raw, options) is not None:
                 continue

@@ -30,7 +30,7 @@ from ..sketch import SketchOptions, TapInfo
 FORMAT = "onnx-opscope/manifest"
 VERSION = 4  # 2: the main graph's small raws packed into a few outputs (`packing`); 3: the masking
 # branch's raws of a main-graph tap in one vector (`TapRecord.slow`); 4: a tap in If branches packs its
-# scalars into one vector (`packing.pack_branch_scalars`), empty when its branch did not run, and the
+# scalars and sample into one vector (`packing.pack_branch_raws`), empty when its branch did not run, and the
 # copied tensors of a graph leave it as two outputs, their values and their shapes (`packing.pack_copied`)
 
 
@@ -92,7 +92,7 @@ class Manifest:
     # taps not placed because they would change what onnxruntime computes (run.kernels): one dict
     # per (site, role) with the tensor, the optimization level and the kernels that would change
     left_out: list[dict] = field(default_factory=list)
-    # the packed outputs (`packing`): {"output", "pack": shapes | scalars | samples | slow | copied,
+    # the packed outputs (`packing`): {"output", "pack": shapes | scalars | samples | slow | tap | copied,
     # "raws": [[tap id, raw]]} (and "shapes", the copied tensors' shapes, for a copied pack);
     # a member's `TapRecord.outputs` name is then a tensor inside the model, read out of its pack
     packed: list[dict] = field(default_factory=list)
@@ -161,6 +161,9 @@ class PackLayout:
         self.slow: tuple[str, list[tuple[str, str, list[str]]]] | None = None
         self.copied: dict[str, tuple[str, list[str], list[int]]] = {}  # pack -> (its shapes, members, ranks)
         self.copied_in: dict[str, str] = {}  # a copied tensor -> its pack
+        self.tap_samples: dict[
+            str, tuple[str, int, str]
+        ] = {}  # a branch tap's sample -> (pack, start, shape)
         for entry in manifest.packed:
             out, pack = entry["output"], entry["pack"]
             members = [(by_id[tid], raw) for tid, raw in entry["raws"]]
@@ -185,8 +188,11 @@ class PackLayout:
                 continue
             at = 0
             for tap, raw in members:
+                if raw == "samples":  # last in a branch tap's vector ("tap"), of a length its shape gives
+                    self.tap_samples[tap.outputs[raw]] = (out, at, tap.outputs["shape"])
+                    continue
                 n = tap.rank + 1 if pack == "shapes" else 1
-                self.where[tap.outputs[raw]] = (out, at, at + n, pack == "scalars")
+                self.where[tap.outputs[raw]] = (out, at, at + n, pack in ("scalars", "tap"))
                 at += n
         self.members = set(self.pack_of)
         self.slow_members = {own for own, _, _ in self.slow[1]} if self.slow else set()

@@ -18,8 +18,8 @@ at the end of the graph:
   they replace (`Unpacked.overridden`).
 
 A tap in If branches (its outputs are If outputs, with "not run" markers from the branches not taken)
-packs its rank-0 float raws into one vector of its own (`pack_branch_scalars`), empty when its branch
-did not run; its shape and sample keep their outputs. The copied float32 tensors of each graph (the
+packs its rank-0 float raws and its sample into one vector of its own (`pack_branch_raws`), empty when
+its branch did not run; its shape keeps its output (it says whether the tap ran, and sizes the sample). The copied float32 tensors of each graph (the
 main graph, an If branch) leave it as two outputs, their values end to end and their shapes
 (`pack_copied`). Taps in Loop / Scan bodies (stacked per iteration) and the other raws (per-channel
 vectors, bin indices) keep an output each.
@@ -60,9 +60,10 @@ def pack_of(tap: TapRecord, raw: str, options: sk.SketchOptions) -> str | None:
     return None
 
 
-def branch_scalars(tap: TapRecord, options: sk.SketchOptions) -> list[str]:
-    """The rank-0 float raws of an in-graph tap in If branches (not in a Loop or Scan body), which leave
-    its branch as one vector (`pack_branch_scalars`); [] for fewer than two."""
+def branch_raws(tap: TapRecord, options: sk.SketchOptions) -> list[str]:
+    """The raws of an in-graph tap in If branches (not in a Loop or Scan body) that leave its branch as one
+    vector (`pack_branch_raws`): its rank-0 float raws, then its sample (whose length the host works out
+    from the tap's shape, as for the main graph's samples pack); [] for fewer than two."""
     chosen = [sk.REGISTRY[n] for n in tap.sketches]
     got = [
         raw
@@ -71,18 +72,21 @@ def branch_scalars(tap: TapRecord, options: sk.SketchOptions) -> list[str]:
         and sk.raw_dtype(raw, options) == TensorProto.FLOAT
         and sk.raw_rank(raw, chosen) == 0
     ]
+    got += ["samples"] if "samples" in tap.outputs else []
     return got if len(got) > 1 else []
 
 
-def pack_branch_scalars(
+def pack_branch_raws(
     tap: TapRecord, members: list[str], b: Builder, names: Names
 ) -> tuple[list[NodeProto], str]:
-    """The nodes that concatenate `members` of a tap in If branches into one vector, and its name. Every
-    output of a branch is an output of each If above it, and each branch not taken gives an empty one
-    in its place: silero_vad_v6's six taps in the branch it does not take made 54 of them."""
+    """The nodes that concatenate `members` of a tap in If branches into one vector (the scalars `Reshape`d
+    to [1]), and its name. Every output of a branch is an output of each If above it, and each branch not
+    taken gives an empty one in its place: silero_vad_v6's six taps in the branch it does not take made 54
+    of them, 12 with their shapes beside these vectors."""
     one = b.i64([1])
-    out = names.fresh(f"opscope_{tap.id}_scalars")
-    b.op("Concat", [b.op("Reshape", [tap.outputs[r], one]) for r in members], out=out, axis=0)
+    parts = [tap.outputs[r] if r == "samples" else b.op("Reshape", [tap.outputs[r], one]) for r in members]
+    out = names.fresh(f"opscope_{tap.id}_raws")
+    b.op("Concat", parts, out=out, axis=0)
     return b.nodes, out
 
 
@@ -156,6 +160,9 @@ class Unpacked(dict):
             self._override_slow()
 
     def __missing__(self, key: str) -> np.ndarray:
+        if key in self.layout.tap_samples:
+            v = self[key] = self._tap_sample(*self.layout.tap_samples[key])
+            return v
         if key in self.layout.copied_in:
             self._unpack_copied(self.layout.copied_in[key])
             return self[key]
@@ -225,6 +232,20 @@ class Unpacked(dict):
                 self.overridden.add(m)
                 at += c.size
             self[own] = flat[start:at]
+
+    def _tap_sample(self, out: str, start: int, shape: str) -> np.ndarray:
+        """The sample at the end of a branch tap's vector: as long as the tap's shape says (empty when its
+        branch did not run)."""
+        flat = np.asarray(super().__getitem__(out))
+        dims = np.asarray(self[shape]).ravel()
+        if not dims.size:
+            return flat[:0]
+        n = int(
+            sample_lengths(np.array([math.prod(dims[1:].tolist())], np.int64), self.layout.sample_size)[0]
+        )
+        if start + n != flat.size:
+            raise ValueError(f"{out}: {flat.size} values where its scalars and its sample make {start + n}")
+        return flat[start:]
 
     def _unpack_copied(self, out: str) -> None:
         """Every copied tensor of pack `out`, each in its shape (a view); of a branch that did not run,
