@@ -377,7 +377,7 @@ def expose_all(
     """Make every raw output of every tap a model output; fills `outputs` with the model-level names
     and `stacked` with the Loop / Scan levels each tap's outputs gained. Raws that go into a pack
     (`packing.pack_of`) are left to `packing.pack_outputs`; those of a tap in If branches that packs its
-    scalars leave in its pack, and the copied tensors of a graph in `copied` (graph -> its values' pack,
+    raws leave in its vector, and the copied tensors of a graph in `copied` (graph -> its values' pack,
     its shapes', its taps) in theirs: this returns those packs' manifest entries (`Manifest.packed`)."""
     entries = []
     in_pack = set()
