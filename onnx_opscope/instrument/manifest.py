@@ -161,9 +161,8 @@ class PackLayout:
         self.slow: tuple[str, list[tuple[str, str, list[str]]]] | None = None
         self.copied: dict[str, tuple[str, list[str], list[int]]] = {}  # pack -> (its shapes, members, ranks)
         self.copied_in: dict[str, str] = {}  # a copied tensor -> its pack
-        self.tap_samples: dict[
-            str, tuple[str, int, str]
-        ] = {}  # a branch tap's sample -> (pack, start, shape)
+        # a branch tap's sample -> (its vector, where the sample starts, the tap's shape)
+        self.tap_samples: dict[str, tuple[str, int, str]] = {}
         for entry in manifest.packed:
             out, pack = entry["output"], entry["pack"]
             members = [(by_id[tid], raw) for tid, raw in entry["raws"]]

@@ -19,9 +19,9 @@ at the end of the graph:
 
 A tap in If branches (its outputs are If outputs, with "not run" markers from the branches not taken)
 packs its rank-0 float raws and its sample into one vector of its own (`pack_branch_raws`), empty when
-its branch did not run; its shape keeps its output (it says whether the tap ran, and sizes the sample). The copied float32 tensors of each graph (the
-main graph, an If branch) leave it as two outputs, their values end to end and their shapes
-(`pack_copied`). Taps in Loop / Scan bodies (stacked per iteration) and the other raws (per-channel
+its branch did not run; its shape keeps its output (it says whether the tap ran, and sizes the sample).
+The copied float32 tensors of each graph (the main graph, an If branch) leave it as two outputs, their
+values end to end and their ranks and shapes (`pack_copied`). Taps in Loop / Scan bodies (stacked per iteration) and the other raws (per-channel
 vectors, bin indices) keep an output each.
 The manifest lists each pack with its (tap, raw) members in order (`Manifest.packed`), and
 `unpacked` gives the decode a run's outputs under the members' own names, sliced on first use.
@@ -252,21 +252,11 @@ class Unpacked(dict):
         empty tensors of shape [0, ..., 0], as their own outputs were."""
         shapes, members, ranks = self.layout.copied[out]
         flat = np.asarray(super().__getitem__(out))
-        dims = np.asarray(super().__getitem__(shapes))
-        if not dims.size:
+        dims = np.asarray(super().__getitem__(shapes)).tolist()
+        if not dims:
             for member, rank in zip(members, ranks):
                 self[member] = flat[:0].reshape((0,) * rank)
             return
-        rank = int(dims[0])  # all of one rank (the usual case): their shapes and offsets in a few numpy calls
-        if dims.size == len(members) * (rank + 1) and (dims[:: rank + 1] == rank).all():
-            shape = dims.reshape(len(members), rank + 1)[:, 1:]
-            ends = np.cumsum(shape.prod(axis=1)).tolist()
-            if ends[-1] != flat.size:
-                raise ValueError(f"{out}: {flat.size} values where its members' shapes make {ends[-1]}")
-            for member, start, stop, dim in zip(members, [0, *ends[:-1]], ends, shape.tolist()):
-                self[member] = flat[start:stop].reshape(dim)
-            return
-        dims = dims.tolist()
         at = d = 0
         for member in members:
             rank = dims[d]

@@ -104,10 +104,6 @@ class Rows:
         made for rows built by `add`."""
         return self._layout or RowLayout(self._meta, self._counts())
 
-    def values(self) -> np.ndarray:
-        """The value column, float64, in row order."""
-        return self._value()
-
     def _counts(self) -> np.ndarray:
         return (
             self._layout.counts
@@ -115,7 +111,8 @@ class Rows:
             else np.array([len(v) for v in self._values], np.int64)
         )
 
-    def _value(self) -> np.ndarray:
+    def values(self) -> np.ndarray:
+        """The value column, float64, in row order."""
         if self._layout is not None:
             return self._flat
         return np.concatenate(self._values) if self._values else np.zeros(0)
@@ -130,7 +127,7 @@ class Rows:
         if name == "idx":
             return [j for c in self._counts().tolist() for j in range(c)]
         if name == "value":
-            return self._value().tolist()
+            return self.values().tolist()
         raise AttributeError(name)
 
     def chunks(self) -> list[tuple]:
@@ -142,7 +139,7 @@ class Rows:
 
     def to_arrow(self) -> pa.Table:
         """The rows as a pyarrow Table with columns M, K, N, numel, site, op_type, role, stat, idx, value."""
-        return pa.table({**self.layout.columns(), "value": arrow_float64(self._value())})
+        return pa.table({**self.layout.columns(), "value": arrow_float64(self.values())})
 
 
 def _meta_of(coded: Coded) -> list[tuple]:

@@ -208,12 +208,10 @@ class StepDecoder:
         steps = [step for step, _ in batches]
         table = batches_table(many, self.labels[0], steps, self.labels[1], self.labels[2])
         sizes = [len(rows) for rows in many]
-        phases = [0 if step == 0 else 1 for step in steps]
-        if len(set(phases)) == 1:  # one label: its bytes repeated, no take (`arrow_strings`)
-            phase = arrow_strings([PHASES[phases[0]]], np.zeros(table.num_rows, np.int64))
-        else:
-            phase = arrow_strings(list(PHASES), np.repeat(phases, sizes))
-        table = table.append_column("phase", phase)
+        phases = [PHASES[0] if step == 0 else PHASES[1] for step in steps]
+        used = list(dict.fromkeys(phases))  # one label (every step but a group's prefill): no take
+        codes = np.repeat([used.index(p) for p in phases], sizes)
+        table = table.append_column("phase", arrow_strings(used, codes))
         positions = [position_of(step, self.prompt_len) for step in steps]
         return table.append_column(
             "position", arrow_int64(np.repeat(np.asarray(positions, np.int64), sizes))
