@@ -81,10 +81,12 @@ def decode_tap(
 def _copied_ran(tap: TapRecord, raw_out: dict[str, np.ndarray]) -> bool:
     """Whether a copied tap ran: always in the main graph; in an If branch, the branch not taken returns
     an empty tensor of shape [0, ..., 0] (a tensor that ran with every dim 0 reads the same: it has no
-    value to sketch), or, for a scalar or a tensor of unknown rank, an empty [1, *shape] marker."""
+    value to sketch), or, for a scalar or a tensor of unknown rank outside a pack, an empty [1, *shape]
+    marker (in a pack, `Unpacked` gives a member of a branch not run as [0, ...] too)."""
     if "shape" in tap.outputs:
         return np.asarray(raw_out[tap.outputs["shape"]]).size > 0
-    return not tap.graph or any(np.shape(raw_out[tap.outputs["tensor"]]))
+    shape = np.shape(raw_out[tap.outputs["tensor"]])
+    return not tap.graph or not shape or any(shape)
 
 
 def _split_iterations(tap: TapRecord, raw_out: dict[str, np.ndarray]) -> list[dict[str, np.ndarray]]:
@@ -441,7 +443,7 @@ class _Plan:
             if marker is not None and not np.asarray(outputs[marker]).size:
                 continue
             a = np.asarray(outputs[tensor])
-            if by_dims and not any(a.shape):
+            if by_dims and a.ndim and not any(a.shape):
                 continue
             st.shapes[i] = a.shape
             if 0 < a.size <= o.sample_size:

@@ -132,9 +132,12 @@ def inject(
     if options.copy_out_max:
         shapes = _shapes_of(input_shapes, target)
         mark_copied(taps, target.table, options.copy_out_max, shapes, target.index, target.light)
-    inserts, branch_packs = build(target, taps, options, placement)
+    groups = copied_groups(taps)
+    inserts, branch_packs = build(
+        target, taps, options, placement, {t.id for g in groups.values() for t in g}
+    )
     copied = {}
-    for graph, members in copied_groups(taps).items():  # after every other node of their graph
+    for graph, members in groups.items():  # after every other node of their graph
         b = Builder(target.opset, target.names, "opscope_c_", target.constants)
         nodes, values, shapes = pack_copied(members, b, target.names)
         inserts.setdefault(graph, {}).setdefault(len(target.index[graph].graph.node) - 1, []).extend(nodes)
@@ -287,10 +290,15 @@ def _numel_at(shape: tuple | None, values: Mapping[str, int]) -> int | None:
 
 
 def build(
-    target: _Target, taps: list[TapRecord], options: sk.SketchOptions, placement: str
+    target: _Target,
+    taps: list[TapRecord],
+    options: sk.SketchOptions,
+    placement: str,
+    packed_copies: set[str] = frozenset(),
 ) -> tuple[Inserts, dict[str, tuple[str, list[str]]]]:
     """Build the nodes of every live tap (and of the shadow softmaxes they read); returns where they go,
     and per tap in If branches that packs its raws (`packing.pack_branch_raws`) the pack and its raws.
+    `packed_copies`: the copied taps that leave in their graph's pack (`packing.copied_groups`).
 
     Fills each TapRecord's `outputs` (raw -> tensor name inside its graph).
     """
@@ -340,9 +348,10 @@ def build(
         if tap.copied:  # the tensor itself, under a name of ours (it may be an input or an output already)
             copy = target.names.fresh(f"opscope_t{k}_tensor")
             nodes, tap.outputs = [helper.make_node("Identity", [source], [copy], name=copy)], {"tensor": copy}
-            if tap.graph and not tap.rank:  # an If branch's scalar or tensor of unknown rank: its shape
-                # tells a branch not taken (empty) from a tensor that ran; of known rank >= 1, the branch
-                # not taken's [0, ..., 0] tells it alone (`decode._copied_ran`)
+            if tap.graph and not tap.rank and tap.id not in packed_copies:  # an If branch's scalar or
+                # tensor of unknown rank alone: its shape tells a branch not taken (empty) from a tensor that
+                # ran; of known rank >= 1, the branch not taken's [0, ..., 0] tells it alone
+                # (`decode._copied_ran`); in a pack, the pack's shapes tell it for all
                 marker, built = templates.build(f"opscope_t{k}_", source, tap.info(), [])
                 nodes, tap.outputs = [*marker, *nodes], {**built.outputs, "tensor": copy}
         else:

@@ -28,10 +28,11 @@ from ..files import write_text
 from ..sketch import SketchOptions, TapInfo
 
 FORMAT = "onnx-opscope/manifest"
-VERSION = 4  # 2: the main graph's small raws packed into a few outputs (`packing`); 3: the masking
+VERSION = 5  # 2: the main graph's small raws packed into a few outputs (`packing`); 3: the masking
 # branch's raws of a main-graph tap in one vector (`TapRecord.slow`); 4: a tap in If branches packs its
 # scalars and sample into one vector (`packing.pack_branch_raws`), empty when its branch did not run, and the
-# copied tensors of a graph leave it as two outputs, their values and their shapes (`packing.pack_copied`)
+# copied tensors of a graph leave it as two outputs, their values and their shapes (`packing.pack_copied`);
+# 5: scalars and tensors of unknown rank join their graph's copied pack (no shape marker of their own)
 
 
 @dataclass
@@ -169,7 +170,8 @@ class PackLayout:
             self.pack_of.update((t.outputs[r], out) for t, r in members)
             if pack == "copied":
                 names = [t.outputs[r] for t, r in members]
-                self.copied[out] = (entry["shapes"], names, [int(t.rank or 0) for t, _ in members])
+                # a member of a branch not run is empty, of its rank (one dim where it has none or an unknown one)
+                self.copied[out] = (entry["shapes"], names, [max(t.rank or 1, 1) for t, _ in members])
                 self.copied_in.update((name, out) for name in names)
                 continue
             if pack == "slow":

@@ -91,11 +91,13 @@ def pack_branch_raws(
 
 
 def copied_groups(taps: list[TapRecord]) -> dict[str, list[TapRecord]]:
-    """graph path -> its copied float32 taps of known rank >= 1, in tap order, where a graph has two or
-    more: each group leaves its graph as one vector and their shapes (`pack_copied`)."""
+    """graph path -> its copied float32 taps, in tap order, where a graph has two or more: each group
+    leaves its graph as one vector and their ranks and shapes (`pack_copied`). Any rank: the pack's
+    shapes carry each member's, and say for all of them whether their If branch ran, so a scalar or a
+    tensor of unknown rank needs no marker of its own."""
     groups: dict[str, list[TapRecord]] = {}
     for tap in taps:
-        if tap.copied and tap.elem_type == TensorProto.FLOAT and tap.rank and "shape" not in tap.outputs:
+        if tap.copied and tap.elem_type == TensorProto.FLOAT:
             groups.setdefault(tap.graph, []).append(tap)
     return {graph: members for graph, members in groups.items() if len(members) > 1}
 
