@@ -300,3 +300,33 @@ def test_silero_decoder_taps_are_copied_at_the_recorded_shapes():
     values = tensor_values(inline_taken_ifs(model, feeds), sorted({t.tensor for t in ran}), feeds)
     opts = manifest.sketch_options()
     assert check_taps(ran, unpacked(manifest, outs), values, opts, host) == sum(len(t.sketches) for t in ran)
+
+
+@pytest.mark.parametrize("sr,n", [(16000, 512), (8000, 256)])
+def test_silero_branch_stream_at_either_rate(sr, n):
+    """silero_vad_v6 instrumented at the 16 kHz shapes: its 16 kHz decoder's tensors are copied, the 8 kHz
+    decoder's taps stay in the graph, and all leave in one stream (two outputs). Run at either rate, the
+    taps of the branches that ran equal numpy on the tensors the model made; the others are left out."""
+    from test_sketches import check_taps, inline_taken_ifs, real_feeds, run_all, tensor_values
+
+    from onnx_opscope.sites import Selection
+
+    path = real_model_path("silero_vad_v6")
+    model = onnx.load(path)
+    shapes = {"input": [1, 512], "state": [2, 1, 128], "sr": []}
+    inst, manifest = inject(path, Selection(op_types=("Conv", "LSTM")), None, input_shapes=shapes)
+    (stream,) = [p for p in manifest.packed if p["pack"] == "branches"]
+    kinds = {vector is None for _, listed in stream["graphs"] for _, vector in listed}
+    assert kinds == {True, False}  # copied tensors and in-graph taps
+    assert len(inst.graph.output) == len(model.graph.output) + 2
+    feeds = {**real_feeds("silero_vad_v6", sr=sr), "input": real_feeds("silero_vad_v6")["input"][:, :n]}
+    outs = run_all(inst, feeds)
+    decoded = decode_taps(manifest, outs, host_values(manifest, model))
+    ran = [t for t in manifest.taps if decoded[t.id][1] is not None and not t.constant]
+    branch = "If_0/then_branch" if sr == 16000 else "If_0/else_branch"
+    assert len(ran) >= 6 and all(t.graph.startswith(branch) for t in ran if t.graph)
+    values = tensor_values(inline_taken_ifs(model, feeds), sorted({t.tensor for t in ran}), feeds)
+    opts = manifest.sketch_options()
+    assert check_taps(ran, unpacked(manifest, outs), values, opts, host_values(manifest, model)) == sum(
+        len(t.sketches) for t in ran
+    )

@@ -115,6 +115,46 @@ def test_a_tap_in_if_branches_packs_its_scalars_and_sample_alone():
     assert len(ran) >= 3, ran  # then, else and the nested If's branches ran over the seeds
 
 
+def test_taps_in_if_branches_leave_as_one_stream():
+    """Every tap of the If branches (both levels) whose raws pack, and every copied tensor there, leaves in
+    the branches' stream: two model outputs for all, two new outputs on each If. Decoded, the in-graph
+    taps' rows equal those of the same tensors copied out, on every branch the seeds take, and a branch
+    not taken leaves its taps out."""
+    model = zoo.build("if_model")
+    graph = inject(model, None, None, SketchOptions(copy_out_max=0))
+    copied = inject(model, None, None, SketchOptions(copy_out_max=4096), input_shapes={"x": [2, 16]})
+    for inst, manifest in (graph, copied):
+        (stream,) = [p for p in manifest.packed if p["pack"] == "branches"]
+        in_branches = {t.id for t in manifest.taps if t.graph and not t.constant}
+        assert len(in_branches) >= 4
+        assert {tid for _, listed in stream["graphs"] for tid, _ in listed} == in_branches
+        names = set(manifest.output_names())
+        assert {stream["output"], stream["shapes"]} <= names
+        assert not names & {n for t in manifest.taps if t.graph for n in t.outputs.values()}
+        ifs = [n for n in inst.graph.node if n.op_type == "If"]
+        assert [len(n.output) for n in ifs] == [3]  # y, the stream's values and ids
+    ran = set()
+    for seed in range(6):
+        feeds = zoo.example_feeds("if_model", model=model, seed=seed)
+        got, want = _rows(*graph, feeds), _rows(*copied, feeds)
+        assert got.keys() == want.keys() and got, seed
+        for key, value in got.items():
+            np.testing.assert_allclose(value, want[key], rtol=1e-5, atol=1e-6, err_msg=str(key))
+        ran |= {key[0] for key in got}
+    assert len(ran) >= 3, ran  # then, else and the nested If's branches ran over the seeds
+
+
+def test_a_stream_that_does_not_add_up_is_an_error():
+    model = zoo.build("if_model")
+    inst, manifest = inject(model, None, None, SketchOptions(copy_out_max=0))
+    outs = run_all(inst, zoo.example_feeds("if_model", model=model))
+    (out, ids, graphs) = manifest.layout.streams[0]
+    outs[out] = outs[out][:-1]
+    member = next(m[1] for members in graphs for m in members)
+    with pytest.raises(ValueError, match="ids where its members make"):
+        unpacked(manifest, outs)[member]
+
+
 def _rows(inst, manifest, feeds) -> dict[tuple, float]:
     """(site, role, stat, idx) -> value of one run's decoded rows."""
     rows = decode(manifest, run_all(inst, feeds), host_values(manifest, inst))

@@ -64,7 +64,7 @@ def expose(
             other_attr = "else_branch" if entry.attr == "then_branch" else "then_branch"
             other = next(a.g for a in owner.attribute if a.name == other_attr)
             dummy = names.fresh("opscope_x_not_run")
-            other.node.extend(_not_run(dummy, elem, ranked(), owner.input[0], _opset(index), names))
+            other.node.extend(not_run(dummy, elem, ranked(), owner.input[0], _opset(index), names))
             add_output(other, dummy, elem, ranked())
         else:  # Loop or Scan: a scan output
             stacked += 1
@@ -86,7 +86,7 @@ def _opset(index: ModelIndex) -> int | None:
     return next((o.version for o in index.model.opset_import if o.domain in DEFAULT_DOMAINS), None)
 
 
-def _not_run(
+def not_run(
     name: str, elem: int, rank: int | None, cond: str, opset: int | None, names: Names
 ) -> list[NodeProto]:
     """Nodes making `name`, what the branch not taken returns: an empty tensor (rank 0: NaN, or 0;

@@ -59,6 +59,7 @@ from ..graph.wire import Chunk, splice
 from ..shapes import ShapeTable, infer_shapes
 from ..shapes.symbolic import evaluate
 from ..sites import SHADOW_SUFFIX, Selection, Site, find_sites, select
+from . import branches
 from .manifest import Manifest, TapRecord, manifest_path_for
 from .packing import branch_raws, copied_groups, pack_branch_raws, pack_copied, pack_of, pack_outputs
 from .plan import plan_taps, tensor_type
@@ -132,17 +133,27 @@ def inject(
     if options.copy_out_max:
         shapes = _shapes_of(input_shapes, target)
         mark_copied(taps, target.table, options.copy_out_max, shapes, target.index, target.light)
-    groups = copied_groups(taps)
-    inserts, branch_packs = build(
-        target, taps, options, placement, {t.id for g in groups.values() for t in g}
-    )
+    branched = [t for t in taps if t.graph and _in_if_branches(target.index, t.graph)]
+    streams = target.opset >= branches.MIN_OPSET
+    streamed = {t.id for t in branches.members_of(branched, {})} if streams else set()  # the copied ones
+    groups = copied_groups([t for t in taps if t.id not in streamed])
+    packed_copies = streamed | {t.id for g in groups.values() for t in g}
+    inserts, branch_packs = build(target, taps, options, placement, packed_copies)
+    stream = []
+    if streams:  # the taps of If branches: two outputs for them all
+        b = Builder(target.opset, target.names, "opscope_b_", target.constants)
+        in_stream = branches.members_of(branched, branch_packs)
+        entry = branches.build_stream(
+            target.index, target.opset, target.names, b, in_stream, branch_packs, inserts
+        )
+        stream, streamed = [entry] if entry else [], {t.id for t in in_stream}
     copied = {}
     for graph, members in groups.items():  # after every other node of their graph
         b = Builder(target.opset, target.names, "opscope_c_", target.constants)
         nodes, values, shapes = pack_copied(members, b, target.names)
         inserts.setdefault(graph, {}).setdefault(len(target.index[graph].graph.node) - 1, []).extend(nodes)
         copied[graph] = (values, shapes, members)
-    in_branches = expose_all(target, taps, options, branch_packs, copied)
+    in_branches = expose_all(target, taps, options, branch_packs, copied, streamed) + stream
     main = target.index.main.graph
     pack_nodes, packed = pack_outputs(main, target.opset, target.names, target.constants, taps, options)
     packed = in_branches + packed
@@ -382,12 +393,15 @@ def expose_all(
     options: sk.SketchOptions,
     branch_packs: dict[str, tuple[str, list[str]]],
     copied: dict[str, tuple[str, str, list[TapRecord]]] | None = None,
+    streamed: set[str] = frozenset(),
 ) -> list[dict]:
     """Make every raw output of every tap a model output; fills `outputs` with the model-level names
     and `stacked` with the Loop / Scan levels each tap's outputs gained. Raws that go into a pack
     (`packing.pack_of`) are left to `packing.pack_outputs`; those of a tap in If branches that packs its
     raws leave in its vector, and the copied tensors of a graph in `copied` (graph -> its values' pack,
-    its shapes', its taps) in theirs: this returns those packs' manifest entries (`Manifest.packed`)."""
+    its shapes', its taps) in theirs: this returns those packs' manifest entries (`Manifest.packed`). The
+    taps in `streamed` leave in the branches' stream (`branches.build_stream`); their vectors' entries
+    name the vectors inside their graphs."""
     entries = []
     in_pack = set()
     for graph, (values, shapes, members) in (copied or {}).items():
@@ -398,6 +412,11 @@ def expose_all(
         in_pack.update(t.id for t in members)
     for tap in taps:
         if tap.id in in_pack:
+            continue
+        if tap.id in streamed:
+            if not tap.copied:
+                pack, members = branch_packs[tap.id]
+                entries.append({"output": pack, "pack": "tap", "raws": [[tap.id, raw] for raw in members]})
             continue
         if tap.copied:
             if "shape" in tap.outputs:

@@ -32,7 +32,8 @@ VERSION = 5  # 2: the main graph's small raws packed into a few outputs (`packin
 # branch's raws of a main-graph tap in one vector (`TapRecord.slow`); 4: a tap in If branches packs its
 # scalars and sample into one vector (`packing.pack_branch_raws`), empty when its branch did not run, and the
 # copied tensors of a graph leave it as two outputs, their values and their shapes (`packing.pack_copied`);
-# 5: scalars and tensors of unknown rank join their graph's copied pack (no shape marker of their own)
+# 5: scalars and tensors of unknown rank join their graph's copied pack (no shape marker of their own), and
+# from opset 11 the taps of If branches leave in one stream of two outputs (`branches`)
 
 
 @dataclass
@@ -94,8 +95,10 @@ class Manifest:
     # per (site, role) with the tensor, the optimization level and the kernels that would change
     left_out: list[dict] = field(default_factory=list)
     # the packed outputs (`packing`): {"output", "pack": shapes | scalars | samples | slow | tap | copied,
-    # "raws": [[tap id, raw]]} (and "shapes", the copied tensors' shapes, for a copied pack);
-    # a member's `TapRecord.outputs` name is then a tensor inside the model, read out of its pack
+    # "raws": [[tap id, raw]]} (and "shapes", the copied tensors' shapes, for a copied pack), and the If
+    # branches' stream {"output", "pack": "branches", "shapes": its ids, "graphs": [[path, [[tap id, its
+    # vector or None]]]]} (`branches.build_stream`); a member's `TapRecord.outputs` name is then a tensor
+    # inside the model, read out of its pack
     packed: list[dict] = field(default_factory=list)
 
     def sketch_options(self) -> SketchOptions:
@@ -110,7 +113,9 @@ class Manifest:
         """The model outputs a run fetches for the taps: the packs and every raw outside them."""
         members = self.layout.members if self.packed else set()
         own = [name for t in self.taps for name in t.outputs.values() if name not in members]
-        return own + [o for p in self.packed for o in (p["output"], p.get("shapes")) if o]
+        return own + [
+            o for p in self.packed for o in (p["output"], p.get("shapes")) if o and o not in members
+        ]
 
     def outputs(self) -> list[dict]:
         """One entry per appended output, as DESIGN.md's manifest lists them."""
@@ -164,8 +169,17 @@ class PackLayout:
         self.copied_in: dict[str, str] = {}  # a copied tensor -> its pack
         # a branch tap's sample -> (its vector, where the sample starts, the tap's shape)
         self.tap_samples: dict[str, tuple[str, int, str]] = {}
+        # the If branches' streams (`branches`): (floats, ids, per graph id its members: a copied tensor's
+        # ("copied", name, rank), an in-graph tap's ("tap", its vector, its shape, its scalars, a sample?))
+        self.streams: list[tuple[str, str, list[list[tuple]]]] = []
+        self.stream_of: dict[str, int] = {}  # a stream member -> its stream
+        vectors: dict[str, list[str]] = {}  # a branch tap's vector -> its raws
         for entry in manifest.packed:
             out, pack = entry["output"], entry["pack"]
+            if pack == "branches":
+                continue
+            if pack == "tap":
+                vectors[out] = [raw for _, raw in entry["raws"]]
             members = [(by_id[tid], raw) for tid, raw in entry["raws"]]
             self.pack_of.update((t.outputs[r], out) for t, r in members)
             if pack == "copied":
@@ -195,8 +209,30 @@ class PackLayout:
                 n = tap.rank + 1 if pack == "shapes" else 1
                 self.where[tap.outputs[raw]] = (out, at, at + n, pack in ("scalars", "tap"))
                 at += n
+        for entry in (e for e in manifest.packed if e["pack"] == "branches"):
+            self._stream(entry, by_id, vectors)
         self.members = set(self.pack_of)
         self.slow_members = {own for own, _, _ in self.slow[1]} if self.slow else set()
+
+    def _stream(self, entry: dict, by_id: dict[str, TapRecord], vectors: dict[str, list[str]]) -> None:
+        out, ids, k = entry["output"], entry["shapes"], len(self.streams)
+        graphs = []
+        for _, listed in entry["graphs"]:
+            members = []
+            for tid, vector in listed:
+                t = by_id[tid]
+                if vector is None:
+                    members.append(("copied", t.outputs["tensor"], max(t.rank or 1, 1)))
+                    names = [t.outputs["tensor"]]
+                else:
+                    raws = vectors[vector]
+                    n = len(raws) - ("samples" in raws)
+                    members.append(("tap", vector, t.outputs["shape"], n, "samples" in raws))
+                    names = [vector, t.outputs["shape"]]
+                self.stream_of.update((name, k) for name in names)
+                self.pack_of.update((name, out) for name in names)
+            graphs.append(members)
+        self.streams.append((out, ids, graphs))
 
 
 def load_manifest(path: str | os.PathLike) -> Manifest:

@@ -18,11 +18,12 @@ at the end of the graph:
   they replace (`Unpacked.overridden`).
 
 A tap in If branches (its outputs are If outputs, with "not run" markers from the branches not taken)
-packs its rank-0 float raws and its sample into one vector of its own (`pack_branch_raws`), empty when
-its branch did not run; its shape keeps its output (it says whether the tap ran, and sizes the sample).
-The copied float32 tensors of each graph (the main graph, an If branch) leave it as two outputs, their
-values end to end and their ranks and shapes (`pack_copied`). Taps in Loop / Scan bodies (stacked per iteration) and the other raws (per-channel
-vectors, bin indices) keep an output each.
+packs its rank-0 float raws and its sample into one vector of its own (`pack_branch_raws`); from opset 11
+those vectors and shapes, and the copied float32 tensors of the branches, leave the model in one stream
+of two outputs (`branches`). The copied float32 tensors of the main graph (and of the branches before
+opset 11) leave it as two outputs, their values end to end and their ranks and shapes (`pack_copied`).
+Taps in Loop / Scan bodies (stacked per iteration) and the other raws (per-channel vectors, bin indices)
+keep an output each.
 The manifest lists each pack with its (tap, raw) members in order (`Manifest.packed`), and
 `unpacked` gives the decode a run's outputs under the members' own names, sliced on first use.
 """
@@ -162,6 +163,9 @@ class Unpacked(dict):
             self._override_slow()
 
     def __missing__(self, key: str) -> np.ndarray:
+        if key in self.layout.stream_of:
+            self._unpack_stream(self.layout.stream_of[key])
+            return self[key]
         if key in self.layout.tap_samples:
             v = self[key] = self._tap_sample(*self.layout.tap_samples[key])
             return v
@@ -180,7 +184,7 @@ class Unpacked(dict):
             self._unpack_samples()
             return self[key]
         out, start, stop, scalar = where
-        v = np.asarray(super().__getitem__(out))[start:stop]
+        v = np.asarray(self[out])[start:stop]  # a branch tap's vector may itself be in a stream
         if scalar and v.size:  # rank 0, as its own output would be (a branch not taken: empty)
             v = v.reshape(())
         self[key] = v
@@ -192,7 +196,7 @@ class Unpacked(dict):
         where = [self.layout.where.get(m) for m in members]
         if not where or any(w is None or not w[3] or w[0] != where[0][0] for w in where):
             return None
-        pack = np.asarray(super().__getitem__(where[0][0]))
+        pack = np.asarray(self[where[0][0]])
         got = pack[np.fromiter((w[1] for w in where), np.int64, len(where))].astype(np.float64)
         if self.overridden:  # taps that took the masking branch
             for i, m in enumerate(members):
@@ -238,13 +242,11 @@ class Unpacked(dict):
     def _tap_sample(self, out: str, start: int, shape: str) -> np.ndarray:
         """The sample at the end of a branch tap's vector: as long as the tap's shape says (empty when its
         branch did not run)."""
-        flat = np.asarray(super().__getitem__(out))
+        flat = np.asarray(self[out])
         dims = np.asarray(self[shape]).ravel()
         if not dims.size:
             return flat[:0]
-        n = int(
-            sample_lengths(np.array([math.prod(dims[1:].tolist())], np.int64), self.layout.sample_size)[0]
-        )
+        n = int(self._lengths([math.prod(dims[1:].tolist())])[0])
         if start + n != flat.size:
             raise ValueError(f"{out}: {flat.size} values where its scalars and its sample make {start + n}")
         return flat[start:]
@@ -269,10 +271,45 @@ class Unpacked(dict):
         if at != flat.size or d != len(dims):
             raise ValueError(f"{out}: {flat.size} values, {len(dims)} dims where its members make {at}, {d}")
 
+    def _unpack_stream(self, k: int) -> None:
+        """Every member of stream `k` (`branches`): of each graph whose id it holds, cut out in turn; of
+        a graph that did not run, empty (a copied tensor of shape [0, ...], a tap's shape and vector [0])."""
+        out, ids, graphs = self.layout.streams[k]
+        flat = np.asarray(super().__getitem__(out))
+        got = np.asarray(super().__getitem__(ids)).tolist()
+        ran = [False] * len(graphs)
+        at = d = 0
+        while d < len(got):
+            g, d = got[d], d + 1
+            ran[g] = True
+            for member in graphs[g]:
+                n = got[d]
+                record, d = got[d + 1 : d + 1 + n], d + 1 + n
+                if member[0] == "copied":
+                    size = math.prod(record)
+                    self[member[1]] = flat[at : at + size].reshape(record)
+                else:
+                    _, vector, shape, scalars, sampled = member
+                    self[shape] = np.array(record, np.int64)
+                    size = scalars + (int(self._lengths([math.prod(record[1:])])[0]) if sampled else 0)
+                    self[vector] = flat[at : at + size]
+                at += size
+        if at != flat.size or d != len(got):
+            raise ValueError(f"{out}: {flat.size} values, {len(got)} ids where its members make {at}, {d}")
+        for g in (g for g, r in enumerate(ran) if not r):
+            for member in graphs[g]:
+                if member[0] == "copied":
+                    self[member[1]] = flat[:0].reshape((0,) * member[2])
+                else:
+                    self[member[1]], self[member[2]] = flat[:0], np.zeros(0, np.int64)
+
+    def _lengths(self, numels: list[int]) -> np.ndarray:
+        """The sample lengths of tensors of `numels` elements."""
+        return sample_lengths(np.array(numels, np.int64), self.layout.sample_size)
+
     def _sample_lengths(self) -> np.ndarray:
         shapes = self.layout.samples[2]
-        numels = np.array([math.prod(self[s][1:].tolist()) for s in shapes], np.int64)
-        return sample_lengths(numels, self.layout.sample_size)
+        return self._lengths([math.prod(self[s][1:].tolist()) for s in shapes])
 
     def _unpack_samples(self) -> None:
         out, members, _ = self.layout.samples
