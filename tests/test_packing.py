@@ -3,6 +3,7 @@ each reads back under its own name exactly as its own output would have given it
 
 from __future__ import annotations
 
+import itertools
 import json
 
 import numpy as np
@@ -142,6 +143,59 @@ def test_taps_in_if_branches_leave_as_one_stream():
             np.testing.assert_allclose(value, want[key], rtol=1e-5, atol=1e-6, err_msg=str(key))
         ran |= {key[0] for key in got}
     assert len(ran) >= 3, ran  # then, else and the nested If's branches ran over the seeds
+
+
+def _two_ifs() -> onnx.ModelProto:
+    """Two Ifs side by side in the main graph, a MatMul in each branch: four branch graphs with taps."""
+    h, f = onnx.helper, onnx.TensorProto.FLOAT
+    rng = np.random.default_rng(0)
+
+    def branch(name: str, nodes: list, out: str) -> onnx.GraphProto:
+        return h.make_graph(nodes, name, [], [h.make_tensor_value_info(out, f, [2, 16])])
+
+    def weight(name: str) -> onnx.TensorProto:
+        return onnx.numpy_helper.from_array(rng.standard_normal((16, 16)).astype(np.float32) * 0.3, name)
+
+    if1 = h.make_node(
+        "If", ["c1"], ["y1"],
+        then_branch=branch("t1", [h.make_node("MatMul", ["x", "w1"], ["m1"]), h.make_node("Relu", ["m1"], ["r1"])], "r1"),
+        else_branch=branch("e1", [h.make_node("MatMul", ["x", "w2"], ["m2"])], "m2"),
+    )  # fmt: skip
+    if2 = h.make_node(
+        "If", ["c2"], ["y2"],
+        then_branch=branch("t2", [h.make_node("Add", ["x", "x"], ["a2"]), h.make_node("MatMul", ["a2", "w2"], ["s2"])], "s2"),
+        else_branch=branch("e2", [h.make_node("MatMul", ["x", "w1"], ["p2"])], "p2"),
+    )  # fmt: skip
+    graph = h.make_graph(
+        [if1, if2],
+        "two_ifs",
+        [h.make_tensor_value_info("x", f, [2, 16]), *(h.make_tensor_value_info(c, onnx.TensorProto.BOOL, []) for c in ("c1", "c2"))],
+        [h.make_tensor_value_info(y, f, [2, 16]) for y in ("y1", "y2")],
+        [weight("w1"), weight("w2")],
+    )  # fmt: skip
+    return h.make_model(graph, opset_imports=[h.make_opsetid("", 17)])
+
+
+def test_two_ifs_stream_and_nonfinite_values_in_branches():
+    """Two Ifs in the main graph hand their streams to one concatenation; whichever branches run, with
+    NaN and inf in the tensors or not, the in-graph taps' rows equal those of the tensors copied out."""
+    model = _two_ifs()
+    graph = inject(model, None, None, SketchOptions(copy_out_max=0))
+    copied = inject(model, None, None, SketchOptions(copy_out_max=4096), input_shapes={"x": [2, 16]})
+    for inst, manifest in (graph, copied):
+        assert len(inst.graph.output) == 4 and len(manifest.layout.streams[0][2]) == 4
+    rng = np.random.default_rng(1)
+    for c1, c2, bad in itertools.product((True, False), (True, False), (False, True)):
+        x = rng.standard_normal((2, 16)).astype(np.float32)
+        if bad:
+            x[0, 3], x[1, 5] = np.nan, np.inf
+        feeds = {"x": x, "c1": np.array(c1), "c2": np.array(c2)}
+        got, want = _rows(*graph, feeds), _rows(*copied, feeds)
+        assert got.keys() == want.keys() and len({key[0] for key in got}) == 2, (c1, c2)
+        for key, value in got.items():
+            np.testing.assert_allclose(
+                value, want[key], rtol=1e-5, atol=1e-6, err_msg=str((c1, c2, bad, key))
+            )
 
 
 def test_a_stream_that_does_not_add_up_is_an_error():

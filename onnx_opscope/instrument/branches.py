@@ -25,7 +25,7 @@ from onnx import NodeProto, TensorProto
 
 from ..graph.build import Builder
 from ..graph.expose import add_output, not_run
-from ..graph.index import ModelIndex, Names
+from ..graph.index import GraphEntry, ModelIndex, Names
 from .manifest import TapRecord
 
 MIN_OPSET = 11  # If branches may return vectors of different lengths
@@ -90,9 +90,8 @@ def build_stream(
             _concat(nodes_b, floats, "opscope_stream"),
             _concat(nodes_b, ints, "opscope_stream_ids"),
         )
-        graph = index[path].graph
-        inserts.setdefault(path, {}).setdefault(len(graph.node) - 1, []).extend(nodes_b.nodes)
-        entry = index[path]
+        entry = index[path]  # after every other node of the branch, the Ifs inside it included
+        inserts.setdefault(path, {}).setdefault(len(entry.graph.node) - 1, []).extend(nodes_b.nodes)
         siblings = [index[s.path] for s in index.children(entry.parent, entry.owner_index)]
         if any(s.path not in done and s.path in depth for s in siblings):
             continue  # the If's other branch has members too: its stream comes first
@@ -117,7 +116,9 @@ def _concat(b: Builder, parts: list[str], hint: str) -> str:
     return out
 
 
-def _through_if(owner: NodeProto, branches: list, done: dict, opset: int, names: Names) -> tuple[str, str]:
+def _through_if(
+    owner: NodeProto, branches: list[GraphEntry], done: dict[str, tuple[str, str]], opset: int, names: Names
+) -> tuple[str, str]:
     """Two new outputs of If `owner`: each branch's stream, or empty vectors from a branch without one."""
     got = []
     for elem, k in ((TensorProto.FLOAT, 0), (TensorProto.INT64, 1)):
