@@ -132,6 +132,11 @@ def test_taps_in_if_branches_leave_as_one_stream():
         names = set(manifest.output_names())
         assert {stream["output"], stream["shapes"]} <= names
         assert not names & {n for t in manifest.taps if t.graph for n in t.outputs.values()}
+        for e in manifest.outputs():  # the JSON's view: in the stream, at no fixed place
+            if e["tap"] in in_branches:
+                assert (
+                    e["output"] == stream["shapes" if e["stat"] == "shape" else "output"] and e["at"] is None
+                )
         ifs = [n for n in inst.graph.node if n.op_type == "If"]
         assert [len(n.output) for n in ifs] == [3]  # y, the stream's values and ids
     ran = set()

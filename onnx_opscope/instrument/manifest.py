@@ -126,9 +126,10 @@ class Manifest:
         entries = []
         where = self.layout.where if self.packed else {}
         pack_of = self.layout.pack_of if self.packed else {}
+        streams = {o for s in self.layout.streams for o in s[:2]} if self.packed else set()
         for t in self.taps:
-            for raw, name in t.outputs.items():
-                at = where.get(name)
+            for raw, name in t.outputs.items():  # a stream member's place changes from run to run
+                at = None if pack_of.get(name) in streams else where.get(name)
                 entries.append(
                     {
                         "output": pack_of.get(name, name),
@@ -223,14 +224,15 @@ class PackLayout:
                 t = by_id[tid]
                 if vector is None:
                     members.append(("copied", t.outputs["tensor"], max(t.rank or 1, 1)))
-                    names = [t.outputs["tensor"]]
-                else:
-                    raws = vectors[vector]
-                    n = len(raws) - ("samples" in raws)
-                    members.append(("tap", vector, t.outputs["shape"], n, "samples" in raws))
-                    names = [vector, t.outputs["shape"]]
-                self.stream_of.update((name, k) for name in names)
-                self.pack_of.update((name, out) for name in names)
+                    self.stream_of[t.outputs["tensor"]] = k
+                    self.pack_of[t.outputs["tensor"]] = out
+                    continue
+                raws = vectors[vector]
+                n = len(raws) - ("samples" in raws)
+                members.append(("tap", vector, t.outputs["shape"], n, "samples" in raws))
+                self.stream_of.update({vector: k, t.outputs["shape"]: k})  # the raws: cut from the vector
+                self.pack_of.update({vector: out, t.outputs["shape"]: ids})
+                self.pack_of.update((t.outputs[r], out) for r in raws)  # for `Manifest.outputs`
             graphs.append(members)
         self.streams.append((out, ids, graphs))
 
