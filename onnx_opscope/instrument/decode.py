@@ -304,14 +304,16 @@ class _Labels:
 
 @dataclass
 class _Batch:
-    """One run on its way to rows: its taps' shapes, the pool's pieces so far (`Group`s and values) and
-    its small copied tensors (tap indices and arrays), whose segmented groups `rows_group` adds last."""
+    """One run on its way to rows: its taps' shapes, the pool's pieces so far (`Group`s and values), its
+    small copied tensors (tap indices and arrays), whose segmented groups `rows_group` adds last, and its
+    copied tensors' other sketches (tap index, names, array), which `rows_group` computes for all runs."""
 
     shapes: list[tuple | None]
     groups: list[Group]
     pieces: list[np.ndarray]
     small: list[int]
     arrays: list[np.ndarray]
+    rest: list[tuple[int, list[str], np.ndarray]]
 
 
 class _Plan:
@@ -385,6 +387,14 @@ class _Plan:
         if self.const and host is None:
             decode_taps(self.manifest(), batches[0], host)  # raises its error
         states = [self._start(outputs) for outputs in batches]
+        rest = [r for st in states for r in st.rest]
+        if rest:  # per shape, the runs' tensors stacked together: silero_vad_v6's 26 per run, 8 shapes
+            infos = [self.infos[i] for i, _, _ in rest]
+            got = iter(
+                sk.grouped_references([n for _, n, _ in rest], [a for _, _, a in rest], infos, self.opts)
+            )
+            for st in states:
+                _add_by_stat(st, [(i, next(got)) for i, _, _ in st.rest])
         arrays = [a for st in states for a in st.arrays]
         if arrays:
             flat = sk_batched.segmented_flat(arrays, self.wanted, self.opts)
@@ -402,12 +412,12 @@ class _Plan:
     def _start(self, outputs: dict[str, np.ndarray]) -> _Batch:
         """A run's values but for its small copied tensors' segmented sketches (`rows_group` adds them)."""
         taps, o = self.taps, self.opts
-        st = _Batch([None] * len(taps), [], [], [], [])
+        st = _Batch([None] * len(taps), [], [], [], [], [])
 
         def one(values: list[tuple[int, dict[str, np.ndarray]]]) -> None:
             _add_by_stat(st, values)
 
-        self._copied(outputs, st, one)
+        self._copied(outputs, st)
         self._in_graph(outputs, st.shapes, st.groups, st.pieces, one)
         looped = []
         for i in self.looped:
@@ -434,11 +444,10 @@ class _Plan:
         pool = np.concatenate(pieces) if pieces else np.zeros(0)
         return Rows.of_layout(layout.layout, pool[layout.gather])
 
-    def _copied(self, outputs, st: _Batch, one) -> None:
+    def _copied(self, outputs, st: _Batch) -> None:
         """The copied taps that ran: the small ones kept for the segmented pass, their other sketches (and a
-        larger one's) through `sketch.grouped_references`."""
+        larger one's) for `rows_group` to compute through `sketch.grouped_references`."""
         o = self.opts
-        rest: list[tuple[int, list[str], np.ndarray]] = []
         for i, tensor, marker, by_dims in self.copied_io:  # `_copied_ran`, its names looked up once
             if marker is not None and not np.asarray(outputs[marker]).size:
                 continue
@@ -453,11 +462,7 @@ class _Plan:
             else:
                 names = self.taps[i].sketches
             if names:
-                rest.append((i, names, a))
-        if rest:
-            infos = [self.infos[i] for i, _, _ in rest]
-            got = sk.grouped_references([n for _, n, _ in rest], [a for _, _, a in rest], infos, o)
-            one([(i, values) for (i, _, _), values in zip(rest, got)])
+                st.rest.append((i, names, a))
 
     def _in_graph(self, outputs, shapes, groups, pieces, one) -> None:
         """The in-graph taps that ran: the hot sketches finalized for all of them at once (`STACKED`)."""
