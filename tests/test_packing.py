@@ -280,8 +280,9 @@ def test_an_older_manifest_is_refused(tmp_path):
     d = json.loads(path.read_text())
     d["version"] = 2
     path.write_text(json.dumps(d))
-    with pytest.raises(OpscopeError, match=f"manifest version 2 is not {VERSION}"):
+    with pytest.raises(OpscopeError, match=f"manifest version 2 is not {VERSION}") as err:
         load_manifest(path)
+    assert "opscope inject" in err.value.hint  # says how to get a manifest of this version
 
 
 def test_decode_tap_on_packed_outputs_read_raw_says_how_to_read_them():

@@ -248,7 +248,11 @@ def load_manifest(path: str | os.PathLike) -> Manifest:
     if d.get("format") != FORMAT:
         raise OpscopeError(f"{p}: not an onnx-opscope manifest")
     if d.get("version") != VERSION:
-        raise OpscopeError(f"{p}: manifest version {d.get('version')} is not {VERSION}")
+        raise OpscopeError(
+            f"{p}: manifest version {d.get('version')} is not {VERSION}",
+            hint="instrument the model again with this version (`opscope inject MODEL`): the layout of "
+            "its outputs changed",
+        )
     d.pop("outputs", None)
     d["sites"] = [SiteRecord(**s) for s in d["sites"]]
     d["taps"] = [TapRecord(**t) for t in d["taps"]]
