@@ -48,8 +48,6 @@ def members_of(taps: list[TapRecord], branch_packs: dict[str, tuple[str, list[st
 
 def build_stream(
     index: ModelIndex,
-    opset: int,
-    names: Names,
     b: Builder,
     members: list[TapRecord],
     branch_packs: dict[str, tuple[str, list[str]]],
@@ -95,7 +93,7 @@ def build_stream(
         siblings = [index[s.path] for s in index.children(entry.parent, entry.owner_index)]
         if any(s.path not in done and s.path in depth for s in siblings):
             continue  # the If's other branch has members too: its stream comes first
-        nested.setdefault(entry.parent, []).append(_through_if(entry.owner, siblings, done, opset, names))
+        nested.setdefault(entry.parent, []).append(_through_if(entry.owner, siblings, done, b.opset, b.names))
     top = nested.get("", [])
     main = b.child()
     f = _concat(main, [f for f, _ in top], "opscope_branches")

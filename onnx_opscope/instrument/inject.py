@@ -134,26 +134,23 @@ def inject(
         shapes = _shapes_of(input_shapes, target)
         mark_copied(taps, target.table, options.copy_out_max, shapes, target.index, target.light)
     branched = [t for t in taps if t.graph and _in_if_branches(target.index, t.graph)]
-    streams = target.opset >= branches.MIN_OPSET
-    streamed = {t.id for t in branches.members_of(branched, {})} if streams else set()  # the copied ones
-    groups = copied_groups([t for t in taps if t.id not in streamed])
-    packed_copies = streamed | {t.id for g in groups.values() for t in g}
+    streams = target.opset >= branches.MIN_OPSET  # before, an If's branches must agree on shapes
+    # the copied tensors of If branches join the stream as they are; an in-graph tap once built
+    stream_copies = {t.id for t in branches.members_of(branched, {})} if streams else set()
+    groups = copied_groups([t for t in taps if t.id not in stream_copies])
+    packed_copies = stream_copies | {t.id for g in groups.values() for t in g}
     inserts, branch_packs = build(target, taps, options, placement, packed_copies)
-    stream = []
-    if streams:  # the taps of If branches: two outputs for them all
-        b = Builder(target.opset, target.names, "opscope_b_", target.constants)
-        in_stream = branches.members_of(branched, branch_packs)
-        entry = branches.build_stream(
-            target.index, target.opset, target.names, b, in_stream, branch_packs, inserts
-        )
-        stream, streamed = [entry] if entry else [], {t.id for t in in_stream}
+    in_stream = branches.members_of(branched, branch_packs) if streams else []
+    b = Builder(target.opset, target.names, "opscope_b_", target.constants)
+    stream = branches.build_stream(target.index, b, in_stream, branch_packs, inserts)
     copied = {}
     for graph, members in groups.items():  # after every other node of their graph
         b = Builder(target.opset, target.names, "opscope_c_", target.constants)
         nodes, values, shapes = pack_copied(members, b, target.names)
         inserts.setdefault(graph, {}).setdefault(len(target.index[graph].graph.node) - 1, []).extend(nodes)
         copied[graph] = (values, shapes, members)
-    in_branches = expose_all(target, taps, options, branch_packs, copied, streamed) + stream
+    in_branches = expose_all(target, taps, options, branch_packs, copied, {t.id for t in in_stream})
+    in_branches += [stream] if stream else []
     main = target.index.main.graph
     pack_nodes, packed = pack_outputs(main, target.opset, target.names, target.constants, taps, options)
     packed = in_branches + packed
