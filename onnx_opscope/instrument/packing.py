@@ -278,22 +278,27 @@ class Unpacked(dict):
         flat = np.asarray(super().__getitem__(out))
         got = np.asarray(super().__getitem__(ids)).tolist()
         ran = [False] * len(graphs)
-        at = d = 0
+        records = []  # (member, its record) of the graphs that ran, in order
+        d = 0
         while d < len(got):
             g, d = got[d], d + 1
             ran[g] = True
             for member in graphs[g]:
-                n = got[d]
-                record, d = got[d + 1 : d + 1 + n], d + 1 + n
-                if member[0] == "copied":
-                    size = math.prod(record)
-                    self[member[1]] = flat[at : at + size].reshape(record)
-                else:
-                    _, vector, shape, scalars, sampled = member
-                    self[shape] = np.array(record, np.int64)
-                    size = scalars + (int(self._lengths([math.prod(record[1:])])[0]) if sampled else 0)
-                    self[vector] = flat[at : at + size]
-                at += size
+                records.append((member, got[d + 1 : d + 1 + got[d]]))
+                d += 1 + got[d]
+        sampled = [math.prod(r[1:]) for m, r in records if m[0] == "tap" and m[4]]
+        lengths = iter(self._lengths(sampled).tolist() if sampled else ())  # one call for all the taps
+        at = 0
+        for member, record in records:
+            if member[0] == "copied":
+                size = math.prod(record)
+                self[member[1]] = flat[at : at + size].reshape(record)
+            else:
+                _, vector, shape, scalars, has_sample = member
+                self[shape] = np.array(record, np.int64)
+                size = scalars + (next(lengths) if has_sample else 0)
+                self[vector] = flat[at : at + size]
+            at += size
         if at != flat.size or d != len(got):
             raise ValueError(f"{out}: {flat.size} values, {len(got)} ids where its members make {at}, {d}")
         for g in (g for g, r in enumerate(ran) if not r):
