@@ -9,9 +9,15 @@ plain (BENCHMARKS.md, "Issue 16, fourteenth session"), which is more than most g
 Here each checkout injects the model in a process of its own, with the sites, feeds, sketch
 options and input shapes that `bench.py` uses. One process then times plain, old and new in turn,
 `--rounds` times, `--runs` runs each. It uses one intra-op thread, and runs the tapped models in
-priority order as `record` does. Each tapped round is divided by the plain round before it. Per
-model it prints ms a run and × plain of each side, as a paired median with quartiles, and new ÷ old.
-The run alone: no decode (`bench_decode.py` times the host side).
+priority order as `record` does. Each tapped round is divided by the plain round before it.
+
+Each side runs in `--sessions` sessions of its own, alternating with the other side's: one session of
+a model can be ~5% slower or faster than another of the same file for its whole life (where its
+buffers fell: ppocrv4_rec with every sketch, five sessions of one file in one process, 1.15-1.28×
+plain; ppocrv4_det 3.66-3.75×, bert_like 1.275-1.277×), which one session a side would take for the
+change. Per model it prints ms a run and × plain of each side as a paired median with quartiles over
+every session's rounds, the spread of the sessions' medians, and new ÷ old (session k of new over
+session k of old, round by round). The run alone: no decode (`bench_decode.py` times the host side).
 """
 
 from __future__ import annotations
@@ -88,9 +94,24 @@ def time_paired(paths: list[Path], feeds: dict, rounds: int, runs: int) -> list[
     return times
 
 
-def _spread(v: np.ndarray) -> str:
+def time_sessions(paths: list[Path], feeds: dict, rounds: int, runs: int, sessions: int) -> list[np.ndarray]:
+    """`time_paired` with every model but the first (plain) in `sessions` sessions, the sessions of all the
+    models in turn within each round: per model but plain, a [sessions, rounds] array of × plain; plain's
+    seconds a run first, [1, rounds]."""
+    order = [paths[0]] + [p for _ in range(sessions) for p in paths[1:]]
+    t = np.array(time_paired(order, feeds, rounds, runs))
+    n = len(paths) - 1
+    return [t[:1]] + [t[1 + i :: n] / t[0] for i in range(n)]
+
+
+def spread(v: np.ndarray) -> str:
+    """median [quartiles] of every value; with several sessions (rows), the range of their medians too."""
     q = np.percentile(v, [25, 50, 75])
-    return f"{q[1]:.3f} [{q[0]:.3f}–{q[2]:.3f}]"
+    text = f"{q[1]:.3f} [{q[0]:.3f}–{q[2]:.3f}]"
+    if v.ndim == 2 and len(v) > 1:
+        per = np.median(v, axis=1)
+        text += f", sessions {per.min():.3f}–{per.max():.3f}"
+    return text
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -103,6 +124,7 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--sketch", default="default", help="sketch names, comma-separated, or default")
     p.add_argument("--rounds", type=int, default=40, help="alternations (default 40)")
     p.add_argument("--runs", type=int, default=3, help="runs per model and round (default 3)")
+    p.add_argument("--sessions", type=int, default=3, help="sessions per side, alternating (default 3)")
     p.add_argument(
         "--quick", action="store_true", help="bench.py's quick models (a smoke run; never judge by it)"
     )
@@ -110,8 +132,10 @@ def main(argv: list[str] | None = None) -> int:
     for side in (a.old, a.new):
         if not (side / "onnx_opscope" / "__init__.py").is_file():
             p.error(f"{side}: not an onnx-opscope checkout (no onnx_opscope/__init__.py)")
-    print(f"old {a.old}, new {a.new}; sketches {a.sketch}; {a.rounds} rounds × {a.runs} runs, 1 thread")
-    print("| model | side | ms a run | × plain, paired median [quartiles] |")
+    print(
+        f"old {a.old}, new {a.new}; sketches {a.sketch}; {a.rounds} rounds × {a.runs} runs × {a.sessions} sessions"
+    )
+    print("| model | side | ms a run | × plain, paired median [quartiles], sessions' medians |")
     print("|---|---|---:|---:|")
     ratios = []
     with tempfile.TemporaryDirectory() as tmp:
@@ -129,13 +153,13 @@ def main(argv: list[str] | None = None) -> int:
             paths = [case.model]
             for side, root in (("old", a.old), ("new", a.new)):
                 paths.append(instrument(root, case, shapes, a.sketch, work / f"{name}_{side}.onnx"))
-            t = [np.array(x) for x in time_paired(paths, feeds, a.rounds, a.runs)]
-            print(f"| {name} | plain | {np.median(t[0]) * 1e3:.2f} | 1 |")
-            for side, x in zip(("old", "new"), t[1:]):
-                print(f"| {name} | {side} | {np.median(x) * 1e3:.2f} | {_spread(x / t[0])} |")
-            ratios.append((name, t[2] / t[1]))
+            plain, old, new = time_sessions(paths, feeds, a.rounds, a.runs, a.sessions)
+            print(f"| {name} | plain | {np.median(plain) * 1e3:.2f} | 1 |")
+            for side, x in (("old", old), ("new", new)):
+                print(f"| {name} | {side} | {np.median(x * plain) * 1e3:.2f} | {spread(x)} |")
+            ratios.append((name, new / old))
     for name, r in ratios:
-        print(f"{name}: new ÷ old {_spread(r)} (below 1: new is faster)")
+        print(f"{name}: new ÷ old {spread(r)} (below 1: new is faster)")
     return 0
 
 

@@ -12,6 +12,9 @@ import subprocess
 import sys
 from pathlib import Path
 
+import onnx
+import onnx.parser
+
 ROOT = Path(__file__).resolve().parent.parent
 BENCH = ROOT / "scripts" / "bench.py"
 BENCH_CALIBRATE = ROOT / "scripts" / "bench_calibrate.py"
@@ -116,3 +119,49 @@ def test_ab_bench_times_two_checkouts_against_plain(tmp_path):
         [*args, "--old", str(tmp_path)], capture_output=True, text=True, timeout=60, cwd=ROOT
     )
     assert bad.returncode == 2 and "not an onnx-opscope checkout" in bad.stderr
+
+
+def test_floor_bench_reads_the_tapped_tensors_and_times_each_variant():
+    """scripts/bench_floor.py: the readers it appends are the ops it names, one per tapped tensor and op,
+    each a graph output; its table has plain, the three readers and the default set (and with
+    --sketch-costs, --sketch all and one row per sketch left out)."""
+    floor = _bench_module(ROOT / "scripts" / "bench_floor.py", "opscope_bench_floor")
+    model = onnx.parser.parse_model(
+        '<ir_version: 8, opset_import: ["" : 17]> g (float[2, 3] x) => (float[2, 3] y) '
+        "{ a = Relu(x)\n y = Neg(a) }"
+    )
+    read = floor.with_readers(model, ["a", "y"], floor.READERS["+ 4 reductions"])
+    added = [n for n in read.graph.node if n.name.startswith("floor_")]
+    assert [n.op_type for n in added] == list(floor.READERS["+ 4 reductions"]) * 2
+    assert [n.input[0] for n in added] == ["a"] * 4 + ["y"] * 4
+    assert len(read.graph.output) == 1 + 8 and len(model.graph.output) == 1
+    script = ROOT / "scripts" / "bench_floor.py"
+    for extra, labels in (
+        ((), ["plain", "+ Shape", "+ ReduceMax", "+ 4 reductions", "default set"]),
+        (("--sketch-costs",), ["plain", "--sketch all"] + [f"without {n}" for n in floor.ALL]),
+    ):
+        proc = subprocess.run(
+            [
+                sys.executable,
+                str(script),
+                "--quick",
+                "--models",
+                "bert_like",
+                "--rounds",
+                "1",
+                "--runs",
+                "1",
+                *extra,
+            ],
+            capture_output=True,
+            text=True,
+            timeout=300,
+            cwd=ROOT,
+        )
+        assert proc.returncode == 0, proc.stderr[-2000:]
+        rows = [
+            line.split("|")[2].strip()
+            for line in proc.stdout.splitlines()
+            if line.startswith("| bert_like |")
+        ]
+        assert [r.split(" (")[0] for r in rows] == labels

@@ -1,0 +1,139 @@
+"""Where a tap's run time goes: the floor under the default set, and what each sketch of `--sketch all` adds.
+
+    python scripts/bench_floor.py --models ppocrv4_det,bert_like
+    python scripts/bench_floor.py --models ppocrv4_det --sketch-costs --rounds 12
+
+The floor: the model with the tensors the default set taps (its in-graph taps of the main graph) read
+by bare ONNX nodes and nothing else, each appended as a graph output:
+
+- `+ Shape`: one Shape node a tensor: what reading it at all costs (fusions it blocks, the NCHWc
+  layout reordered back for it);
+- `+ ReduceMax`: one whole-tensor reduction a tensor;
+- `+ 4 reductions`: ReduceMin, ReduceMax, ReduceSum and ReduceSumSquare, the passes the default set
+  makes (its min, max, sum and finite check Σx²), with none of its structure (the If, the sample,
+  the shapes, the packs);
+- `default set`: the model as `record` instruments it.
+
+A goal under `+ 4 reductions` cannot be met by arranging the default set's nodes better on this
+provider. `--sketch-costs` times `--sketch all` and `--sketch all` without each sketch in turn: what
+each one costs on this model (the `cost` each sketch's registry entry quotes). Every variant is timed
+against plain in one process, in `--sessions` sessions each (`bench_ab.time_sessions`: 1 intra-op thread,
+the tapped models in priority order as `record` runs them; one session of a model can sit ~5% off
+another for its whole life), × plain as a paired median with quartiles and the spread of the sessions'
+medians. The run alone: no decode.
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+import tempfile
+from pathlib import Path
+
+import numpy as np
+import onnx
+from onnx import TensorProto, helper
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+import bench  # noqa: E402 - sibling scripts: the models, feeds and ops bench.py measures
+from bench_ab import spread, time_sessions  # noqa: E402
+
+READERS = {
+    "+ Shape": ("Shape",),
+    "+ ReduceMax": ("ReduceMax",),
+    "+ 4 reductions": ("ReduceMin", "ReduceMax", "ReduceSum", "ReduceSumSquare"),
+}
+ALL = ("min", "max", "mean", "sumsq", "nan_count", "inf_count", "hist", "elemsig", "l1", "nnz", "kurtosis",
+       "chan_maxabs", "chan_outlier", "pos_sumsq", "adj_sumsq")  # fmt: skip
+"""`--sketch all` on a GEMM site (the attention, head and routing sketches need sites of their kinds)."""
+
+
+def with_readers(model: onnx.ModelProto, tensors: list[str], ops: tuple[str, ...]) -> onnx.ModelProto:
+    """`model` with each of `tensors` read by each of `ops` (keepdims 0), every result a graph output."""
+    m = onnx.ModelProto()
+    m.CopyFrom(model)
+    for k, t in enumerate(tensors):
+        for op in ops:
+            out = f"floor_{op}_{k}"
+            attrs = {} if op == "Shape" else {"keepdims": 0}
+            m.graph.node.append(helper.make_node(op, [t], [out], name=f"floor_n_{op}_{k}", **attrs))
+            elem = TensorProto.INT64 if op == "Shape" else TensorProto.FLOAT
+            m.graph.output.append(helper.make_tensor_value_info(out, elem, None))
+    return m
+
+
+def instrumented(case: bench.Case, shapes: dict, sketches: list[str] | None):
+    from onnx_opscope.instrument import inject
+    from onnx_opscope.sites import Selection
+    from onnx_opscope.sketch import SketchOptions, for_providers
+
+    options = for_providers(SketchOptions(), ["CPUExecutionProvider"])
+    return inject(
+        str(case.model), Selection(op_types=tuple(case.ops)), sketches, options, input_shapes=shapes
+    )
+
+
+def variants(case: bench.Case, shapes: dict, sketch_costs: bool) -> dict[str, onnx.ModelProto]:
+    """label -> model to time against plain."""
+    default, manifest = instrumented(case, shapes, None)
+    tensors = sorted({t.tensor for t in manifest.taps if not (t.constant or t.copied or t.graph)})
+    plain = onnx.load(str(case.model))
+    if not sketch_costs:
+        if not tensors:  # silero_vad_v6, captcha_crnn: every tap copied out or in a subgraph
+            return {"default set (no in-graph tap in the main graph to read bare)": default}
+        got = {
+            f"{label} ({len(tensors)} tensors)": with_readers(plain, tensors, ops)
+            for label, ops in READERS.items()
+        }
+        return got | {"default set": default}
+    got = {"--sketch all": instrumented(case, shapes, list(ALL))[0]}
+    for name in ALL:
+        got[f"without {name}"] = instrumented(case, shapes, [n for n in ALL if n != name])[0]
+    return got
+
+
+def main(argv: list[str] | None = None) -> int:
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    p.add_argument(
+        "--models", default="ppocrv4_det,bert_like", help="bench.py's model names, comma-separated"
+    )
+    p.add_argument(
+        "--sketch-costs", action="store_true", help="what each sketch of --sketch all adds, not the floor"
+    )
+    p.add_argument("--rounds", type=int, default=20, help="alternations (default 20)")
+    p.add_argument("--runs", type=int, default=3, help="runs per variant and round (default 3)")
+    p.add_argument("--sessions", type=int, default=2, help="sessions per variant, alternating (default 2)")
+    p.add_argument(
+        "--quick", action="store_true", help="bench.py's quick models (a smoke run; never judge by it)"
+    )
+    a = p.parse_args(argv)
+    what = "each sketch's cost" if a.sketch_costs else "the floor"
+    print(f"{what}; {a.rounds} rounds × {a.runs} runs × {a.sessions} sessions, 1 thread, the run alone")
+    print("| model | variant | ms a run | × plain, paired median [quartiles], sessions' medians |")
+    print("|---|---|---:|---:|")
+    with tempfile.TemporaryDirectory() as tmp:
+        work = Path(tmp)
+        for name in a.models.split(","):
+            cases = bench.prepare_cases(work, a.quick, 1, {name})
+            if not cases or cases[0].model is None:
+                raise SystemExit(
+                    f"{name}: no such benchmark model here (bench.py's names; real ones need fetch_models)"
+                )
+            case = cases[0]
+            with np.load(case.feeds) as z:
+                feeds = {k.split("/", 1)[1]: z[k] for k in z.files if k.startswith("0/")}
+            shapes = {k: list(v.shape) for k, v in feeds.items()}
+            models = variants(case, shapes, a.sketch_costs)
+            paths = [case.model]
+            for i, m in enumerate(models.values()):
+                paths.append(work / f"{name}_{i}.onnx")
+                onnx.save(m, paths[-1])
+            plain, *ratios = time_sessions(paths, feeds, a.rounds, a.runs, a.sessions)
+            print(f"| {name} | plain | {np.median(plain) * 1e3:.2f} | 1 |")
+            for label, x in zip(models, ratios):
+                print(f"| {name} | {label} | {np.median(x * plain) * 1e3:.2f} | {spread(x)} |")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
