@@ -208,10 +208,17 @@ def test_a_stream_that_does_not_add_up_is_an_error():
     inst, manifest = inject(model, None, None, SketchOptions(copy_out_max=0))
     outs = run_all(inst, zoo.example_feeds("if_model", model=model))
     (out, ids, graphs) = manifest.layout.streams[0]
-    outs[out] = outs[out][:-1]
     member = next(m[1] for members in graphs for m in members)
+    assert unpacked(manifest, outs)[member] is not None  # as run, it adds up (and its cuts are kept)
+    short = {**outs, out: outs[out][:-1]}
+    with pytest.raises(ValueError, match="values where its members make"):
+        unpacked(manifest, short)[member]
+    cut = {**outs, ids: outs[ids][:-1]}  # a record one id short
     with pytest.raises(ValueError, match="ids where its members make"):
-        unpacked(manifest, outs)[member]
+        unpacked(manifest, cut)[member]
+    twice = {**outs, ids: np.concatenate([outs[ids], outs[ids][:1]])}  # a graph's id again, no record
+    with pytest.raises(ValueError, match="each once"):
+        unpacked(manifest, twice)[member]
 
 
 def _rows(inst, manifest, feeds) -> dict[tuple, float]:

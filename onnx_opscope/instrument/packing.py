@@ -273,40 +273,25 @@ class Unpacked(dict):
 
     def _unpack_stream(self, k: int) -> None:
         """Every member of stream `k` (`branches`): of each graph whose id it holds, cut out in turn; of
-        a graph that did not run, empty (a copied tensor of shape [0, ...], a tap's shape and vector [0])."""
-        out, ids, graphs = self.layout.streams[k]
+        a graph that did not run, empty (a copied tensor of shape [0, ...], a tap's shape and vector [0]).
+        Where each lies depends on the ids alone (`stream_cuts`, kept per id sequence)."""
+        out, ids, _ = self.layout.streams[k]
         flat = np.asarray(super().__getitem__(out))
-        got = np.asarray(super().__getitem__(ids)).tolist()
-        ran = [False] * len(graphs)
-        records = []  # (member, its record) of the graphs that ran, in order
-        d = 0
-        while d < len(got):
-            g, d = got[d], d + 1
-            ran[g] = True
-            for member in graphs[g]:
-                records.append((member, got[d + 1 : d + 1 + got[d]]))
-                d += 1 + got[d]
-        sampled = [math.prod(r[1:]) for m, r in records if m[0] == "tap" and m[4]]
-        lengths = iter(self._lengths(sampled).tolist() if sampled else ())  # one call for all the taps
-        at = 0
-        for member, record in records:
-            if member[0] == "copied":
-                size = math.prod(record)
-                self[member[1]] = flat[at : at + size].reshape(record)
-            else:
-                _, vector, shape, scalars, has_sample = member
-                self[shape] = np.array(record, np.int64)
-                size = scalars + (next(lengths) if has_sample else 0)
-                self[vector] = flat[at : at + size]
-            at += size
-        if at != flat.size or d != len(got):
-            raise ValueError(f"{out}: {flat.size} values, {len(got)} ids where its members make {at}, {d}")
-        for g in (g for g, r in enumerate(ran) if not r):
-            for member in graphs[g]:
-                if member[0] == "copied":
-                    self[member[1]] = flat[:0].reshape((0,) * member[2])
-                else:
-                    self[member[1]], self[member[2]] = flat[:0], np.zeros(0, np.int64)
+        got = np.asarray(super().__getitem__(ids))
+        key = (k, got.tobytes())
+        cuts = self.layout.stream_cuts.get(key)
+        if cuts is None:
+            cuts = stream_cuts(self.layout, k, got.tolist())
+            if len(self.layout.stream_cuts) >= STREAM_CUTS:
+                self.layout.stream_cuts.pop(next(iter(self.layout.stream_cuts)))
+            self.layout.stream_cuts[key] = cuts
+        size, pieces, given = cuts
+        if size != flat.size:
+            raise ValueError(f"{out}: {flat.size} values where its members make {size}")
+        for member, start, stop, shape in pieces:
+            v = flat[start:stop]
+            self[member] = v if shape is None else v.reshape(shape)
+        self.update(given)
 
     def _lengths(self, numels: list[int]) -> np.ndarray:
         """The sample lengths of tensors of `numels` elements."""
@@ -324,6 +309,59 @@ class Unpacked(dict):
             raise ValueError(f"{out}: {flat.size} values where its members' shapes make {ends[-1]}")
         for member, start, stop in zip(members, [0, *ends[:-1]], ends):
             self[member] = flat[start:stop]
+
+
+STREAM_CUTS = 16
+"""Id sequences of a stream whose cuts a layout keeps (silero_vad_v6 at one sample rate takes one)."""
+
+
+def stream_cuts(layout: PackLayout, k: int, got: list[int]) -> tuple:
+    """Where the members of stream `k` lie when its ids read `got`: (the values' length, (member, start, stop,
+    its shape, None for a vector) per member, {a tap's shape member: its dims, read-only}). A member of a
+    graph that did not run is empty: a copied tensor of shape [0, ...], a tap's vector and dims [0]."""
+    out, _, graphs = layout.streams[k]
+    ran = [False] * len(graphs)
+    records = []  # (member, its record) of the graphs that ran, in order
+    d = 0
+    while d < len(got):
+        g, d = got[d], d + 1
+        if not 0 <= g < len(graphs) or ran[g]:
+            raise ValueError(f"{out}: graph id {g} where the stream has {len(graphs)} graphs, each once")
+        ran[g] = True
+        for member in graphs[g]:
+            if d >= len(got):
+                break
+            records.append((member, got[d + 1 : d + 1 + got[d]]))
+            d += 1 + got[d]
+    if d != len(got) or len(records) != sum(len(graphs[g]) for g, r in enumerate(ran) if r):
+        raise ValueError(f"{out}: {len(got)} ids where its members make {d}")
+    sampled = [math.prod(r[1:]) for m, r in records if m[0] == "tap" and m[4]]
+    lengths = iter(
+        sample_lengths(np.array(sampled, np.int64), layout.sample_size).tolist() if sampled else ()
+    )
+    pieces, given, at = [], {}, 0
+    for member, record in records:
+        if member[0] == "copied":
+            size = math.prod(record)
+            pieces.append((member[1], at, at + size, tuple(record)))
+        else:
+            _, vector, shape, scalars, has_sample = member
+            dims = np.array(record, np.int64)
+            dims.flags.writeable = False  # one array for every run with these ids
+            given[shape] = dims
+            size = scalars + (next(lengths) if has_sample else 0)
+            pieces.append((vector, at, at + size, None))
+        at += size
+    none = np.zeros(0, np.int64)
+    none.flags.writeable = False
+    for g in (g for g, r in enumerate(ran) if not r):
+        for member in graphs[g]:
+            if member[0] == "copied":
+                pieces.append((member[1], 0, 0, (0,) * member[2]))
+            else:
+                pieces.append((member[1], 0, 0, None))
+                given[member[2]] = none
+    return at, pieces, given
 
 
 def unpacked(manifest: Manifest, outputs: Mapping) -> Mapping:
