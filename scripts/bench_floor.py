@@ -32,34 +32,15 @@ from pathlib import Path
 
 import numpy as np
 import onnx
-from onnx import TensorProto, helper
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 import bench  # noqa: E402 - sibling scripts: the models, feeds and ops bench.py measures
 from bench_ab import spread, time_sessions  # noqa: E402
+from bench_peers import FLOOR_READERS, in_graph_tensors, with_readers  # noqa: E402
 
-READERS = {
-    "+ Shape": ("Shape",),
-    "+ ReduceMax": ("ReduceMax",),
-    "+ 4 reductions": ("ReduceMin", "ReduceMax", "ReduceSum", "ReduceSumSquare"),
-}
 ALL = ("min", "max", "mean", "sumsq", "nan_count", "inf_count", "hist", "elemsig", "l1", "nnz", "kurtosis",
        "chan_maxabs", "chan_outlier", "pos_sumsq", "adj_sumsq")  # fmt: skip
 """`--sketch all` on a GEMM site (the attention, head and routing sketches need sites of their kinds)."""
-
-
-def with_readers(model: onnx.ModelProto, tensors: list[str], ops: tuple[str, ...]) -> onnx.ModelProto:
-    """`model` with each of `tensors` read by each of `ops` (keepdims 0), every result a graph output."""
-    m = onnx.ModelProto()
-    m.CopyFrom(model)
-    for k, t in enumerate(tensors):
-        for op in ops:
-            out = f"floor_{op}_{k}"
-            attrs = {} if op == "Shape" else {"keepdims": 0}
-            m.graph.node.append(helper.make_node(op, [t], [out], name=f"floor_n_{op}_{k}", **attrs))
-            elem = TensorProto.INT64 if op == "Shape" else TensorProto.FLOAT
-            m.graph.output.append(helper.make_tensor_value_info(out, elem, None))
-    return m
 
 
 def instrumented(case: bench.Case, shapes: dict, sketches: list[str] | None):
@@ -76,14 +57,14 @@ def instrumented(case: bench.Case, shapes: dict, sketches: list[str] | None):
 def variants(case: bench.Case, shapes: dict, sketch_costs: bool) -> dict[str, onnx.ModelProto]:
     """label -> model to time against plain."""
     default, manifest = instrumented(case, shapes, None)
-    tensors = sorted({t.tensor for t in manifest.taps if not (t.constant or t.copied or t.graph)})
+    tensors = in_graph_tensors(manifest)
     plain = onnx.load(str(case.model))
     if not sketch_costs:
         if not tensors:  # silero_vad_v6, captcha_crnn: every tap copied out or in a subgraph
             return {"default set (no in-graph tap in the main graph to read bare)": default}
         got = {
             f"{label} ({len(tensors)} tensors)": with_readers(plain, tensors, ops)
-            for label, ops in READERS.items()
+            for label, ops in FLOOR_READERS.items()
         }
         return got | {"default set": default}
     got = {"--sketch all": instrumented(case, shapes, list(ALL))[0]}

@@ -229,6 +229,61 @@ def run_opscope(
     return {"times": times, "tensors": live, "copied": copied, "note": note}
 
 
+FLOOR_READERS = {
+    "+ Shape": ("Shape",),
+    "+ ReduceMax": ("ReduceMax",),
+    "+ 4 reductions": ("ReduceMin", "ReduceMax", "ReduceSum", "ReduceSumSquare"),
+}
+"""Bare readers of the tensors a set taps (`with_readers`): reading them at all, one whole-tensor pass, and
+the default set's four passes (its min, max, sum and finite check Σx²) with none of its structure."""
+
+
+def with_readers(model: onnx.ModelProto, tensors: list[str], ops: tuple[str, ...]) -> onnx.ModelProto:
+    """`model` with each of `tensors` read by each of `ops` (keepdims 0), every result a graph output."""
+    from onnx import TensorProto, helper
+
+    m = onnx.ModelProto()
+    m.CopyFrom(model)
+    for k, t in enumerate(tensors):
+        for op in ops:
+            out = f"floor_{op}_{k}"
+            attrs = {} if op == "Shape" else {"keepdims": 0}
+            m.graph.node.append(helper.make_node(op, [t], [out], name=f"floor_n_{op}_{k}", **attrs))
+            elem = TensorProto.INT64 if op == "Shape" else TensorProto.FLOAT
+            m.graph.output.append(helper.make_tensor_value_info(out, elem, None))
+    return m
+
+
+def in_graph_tensors(manifest: Any) -> list[str]:
+    """The main-graph tensors a manifest's taps reduce in the graph (not copied out, not weights)."""
+    return sorted({t.tensor for t in manifest.taps if not (t.constant or t.copied or t.graph)})
+
+
+def run_floor(job: dict) -> dict:
+    """The default set's floor: the tensors its in-graph main-graph taps read, each reduced by its four
+    whole-tensor passes and nothing else (`with_readers`), run as `record` runs a tapped model."""
+    from onnx_opscope.instrument import inject
+    from onnx_opscope.run.session import RuntimeConfig, for_tapped, make_session
+    from onnx_opscope.sites import Selection
+    from onnx_opscope.sketch import SketchOptions, for_providers
+
+    batches = load_batches(job["feeds"])
+    options = for_providers(SketchOptions(), ["CPUExecutionProvider"])
+    shapes = {k: list(v.shape) for k, v in batches[0].items()}
+    _, manifest = inject(
+        job["model"], Selection(op_types=tuple(job["ops"])), None, options, input_shapes=shapes
+    )
+    tensors = in_graph_tensors(manifest)
+    read = with_readers(onnx.load(job["model"]), tensors, FLOOR_READERS["+ 4 reductions"])
+    sess = make_session(read, for_tapped(RuntimeConfig()), base_dir=str(Path(job["model"]).parent))
+    times = timed(lambda f: sess.run(None, f), batches, job["warmup"])
+    return {
+        "times": times,
+        "tensors": len(tensors),
+        "note": "no tap in the main graph's own nodes" * (not tensors),
+    }
+
+
 class _Reader:
     """A CalibrationDataReader over a list of feeds (the protocol: get_next() until None)."""
 

@@ -130,9 +130,9 @@ def test_floor_bench_reads_the_tapped_tensors_and_times_each_variant():
         '<ir_version: 8, opset_import: ["" : 17]> g (float[2, 3] x) => (float[2, 3] y) '
         "{ a = Relu(x)\n y = Neg(a) }"
     )
-    read = floor.with_readers(model, ["a", "y"], floor.READERS["+ 4 reductions"])
+    read = floor.with_readers(model, ["a", "y"], floor.FLOOR_READERS["+ 4 reductions"])
     added = [n for n in read.graph.node if n.name.startswith("floor_")]
-    assert [n.op_type for n in added] == list(floor.READERS["+ 4 reductions"]) * 2
+    assert [n.op_type for n in added] == list(floor.FLOOR_READERS["+ 4 reductions"]) * 2
     assert [n.input[0] for n in added] == ["a"] * 4 + ["y"] * 4
     assert len(read.graph.output) == 1 + 8 and len(model.graph.output) == 1
     script = ROOT / "scripts" / "bench_floor.py"

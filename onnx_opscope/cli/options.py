@@ -355,8 +355,9 @@ def add_sketch_arguments(parser: argparse.ArgumentParser) -> None:
         default=[],
         metavar="NAME[,NAME]",
         help=f"sketches to compute, or a set: 'default' ({', '.join(DEFAULT_SKETCHES)}) or 'all' (adds "
-        f"{', '.join(n for n in ALL_SKETCHES if n not in DEFAULT_SKETCHES)}: +0.05 to +0.5x plain each on CPU, "
-        "see BENCHMARKS.md; the miner's sparse, outlier, heavy-tail and coherence rules need them)",
+        f"{', '.join(n for n in ALL_SKETCHES if n not in DEFAULT_SKETCHES)}: +0.05 to +0.7x plain each on CPU, "
+        "see BENCHMARKS.md and scripts/bench_floor.py --sketch-costs; the miner's sparse, outlier, heavy-tail and "
+        "coherence rules need them)",
     )
     s.add_argument(
         "--hist-mode",

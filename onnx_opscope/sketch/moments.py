@@ -71,7 +71,7 @@ L1 = Sketch(
     # [400, 4096] weight; a two-stage reduction would be exact-ish but 10-25x slower
     tol=Tolerance(2e-3, 0.0),
     scalars=("yl1",),
-    cost="one whole-tensor ReduceL1 (+0.05x)",
+    cost="one whole-tensor ReduceL1 (in --sketch all: +0.05x bert_like, +0.13x ppocrv4_det)",
 )
 SUMSQ = Sketch(
     "sumsq",
@@ -100,7 +100,7 @@ NNZ = Sketch(
     reference=lambda x, info, o: np.array([float(np.count_nonzero(as_f64(x)))]),
     merge=merge.SUM,
     scalars=("nnz",),
-    cost="a bool cast pass and a ReduceSum (+0.16x); Sign would be ~10x slower",
+    cost="two cast passes (to bool, to float) and a ReduceSum (+0.14x bert_like, +0.23x ppocrv4_det); Sign ~10x slower",
 )
 NAN_COUNT = Sketch(
     "nan_count",
@@ -177,5 +177,5 @@ KURTOSIS = Sketch(
     merge=merge.MEAN,
     tol=Tolerance(2e-3, 0.0),
     scalars=("m2", "m4"),
-    cost="an affine pass (BatchNormalization), a square and two reductions (+0.35x)",
+    cost="an affine pass (BatchNormalization), a square and two reductions (+0.30x bert_like, +0.55x ppocrv4_det)",
 )
