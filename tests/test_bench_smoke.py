@@ -12,6 +12,7 @@ import subprocess
 import sys
 from pathlib import Path
 
+import numpy as np
 import onnx
 import onnx.parser
 
@@ -121,6 +122,13 @@ def test_ab_bench_times_two_checkouts_against_plain(tmp_path):
     assert bad.returncode == 2 and "not an onnx-opscope checkout" in bad.stderr
 
 
+def run_model(model, x):
+    import onnxruntime as ort
+
+    sess = ort.InferenceSession(model.SerializeToString(), providers=["CPUExecutionProvider"])
+    return sess.run(None, {"x": x})
+
+
 def test_floor_bench_reads_the_tapped_tensors_and_times_each_variant():
     """scripts/bench_floor.py: the readers it appends are the ops it names, one per tapped tensor and op,
     each a graph output; its table has plain, the three readers and the default set (and with
@@ -131,10 +139,16 @@ def test_floor_bench_reads_the_tapped_tensors_and_times_each_variant():
         "{ a = Relu(x)\n y = Neg(a) }"
     )
     read = floor.with_readers(model, ["a", "y"], floor.FLOOR_READERS["+ 4 reductions"])
-    added = [n for n in read.graph.node if n.name.startswith("floor_")]
-    assert [n.op_type for n in added] == list(floor.FLOOR_READERS["+ 4 reductions"]) * 2
-    assert [n.input[0] for n in added] == ["a"] * 4 + ["y"] * 4
-    assert len(read.graph.output) == 1 + 8 and len(model.graph.output) == 1
+    ops = floor.FLOOR_READERS["+ 4 reductions"]
+    added = [n for n in read.graph.node if n.name.startswith("floor_n_")]
+    assert [(n.op_type, n.input[0]) for n in added] == [(op, t) for op in ops for t in ("a", "y")]
+    assert len(read.graph.output) == 1 + 4 and len(model.graph.output) == 1  # one output an op
+    x = np.random.default_rng(0).standard_normal((2, 3)).astype(np.float32)
+    got = dict(zip([o.name for o in read.graph.output], run_model(read, x), strict=True))
+    a = np.maximum(x, 0)
+    for op, ref in (("ReduceMin", np.min), ("ReduceMax", np.max), ("ReduceSum", np.sum)):
+        np.testing.assert_allclose(got[f"floor_{op}"], [ref(a), ref(-a)], rtol=1e-6)
+    np.testing.assert_allclose(got["floor_ReduceSumSquare"], [(a * a).sum(), (a * a).sum()], rtol=1e-6)
     script = ROOT / "scripts" / "bench_floor.py"
     for extra, labels in (
         ((), ["plain", "+ Shape", "+ ReduceMax", "+ 4 reductions", "default set"]),
