@@ -249,6 +249,33 @@ def test_copied_tensors_leave_in_one_pack_and_vectors_keep_their_outputs():
     assert check_members(inst, manifest, feeds) > len(copied)
 
 
+def test_copied_pack_cut_once_per_dims_and_checked_every_run():
+    """The copied pack's cuts are worked out once per dims and reused; values or dims that do not add up
+    are an error on every run, the cuts kept or not."""
+    model = zoo.build("transformer_block")
+    feeds = zoo.example_feeds("transformer_block", model=model)
+    inst, manifest = inject(
+        model,
+        None,
+        ["min"],
+        SketchOptions(copy_out_max=1024),
+        input_shapes={k: v.shape for k, v in feeds.items()},
+    )
+    (pack,) = [p for p in manifest.packed if p["pack"] == "copied"]
+    outs = run_all(inst, feeds)
+    member = manifest.layout.copied[pack["output"]][1][0]
+    first = unpacked(manifest, outs)[member]
+    assert len(manifest.layout.cuts) == 1
+    again = unpacked(manifest, {k: v.copy() for k, v in outs.items()})[member]
+    assert len(manifest.layout.cuts) == 1 and np.array_equal(
+        first, again
+    )  # the same cuts, a new run's values
+    with pytest.raises(ValueError, match="values where its members make"):
+        unpacked(manifest, {**outs, pack["output"]: outs[pack["output"]][:-1]})[member]
+    with pytest.raises(ValueError, match="dims where its"):
+        unpacked(manifest, {**outs, pack["shapes"]: outs[pack["shapes"]][:-1]})[member]
+
+
 def test_sample_lengths_are_those_of_the_sample_positions():
     n = np.array([0, 1, 15, 16, 17, 100, 4096, 4097, 4112, 65536, 65537, 10**6])
     for size in (100, 4096):

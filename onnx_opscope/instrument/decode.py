@@ -447,20 +447,25 @@ class _Plan:
     def _copied(self, outputs, st: _Batch) -> None:
         """The copied taps that ran: the small ones kept for the segmented pass, their other sketches (and a
         larger one's) for `rows_group` to compute through `sketch.grouped_references`."""
-        o = self.opts
+        most, unsegmented, taps, shapes = self.opts.sample_size, self.unsegmented, self.taps, st.shapes
+        ran: dict[str, bool] = {}  # a pack's shapes: one marker for all its members
         for i, tensor, marker, by_dims in self.copied_io:  # `_copied_ran`, its names looked up once
-            if marker is not None and not np.asarray(outputs[marker]).size:
-                continue
-            a = np.asarray(outputs[tensor])
+            if marker is not None:
+                went = ran.get(marker)
+                if went is None:
+                    went = ran[marker] = np.asarray(outputs[marker]).size > 0
+                if not went:
+                    continue
+            a = outputs[tensor]
             if by_dims and a.ndim and not any(a.shape):
                 continue
-            st.shapes[i] = a.shape
-            if 0 < a.size <= o.sample_size:
+            shapes[i] = a.shape
+            if 0 < a.size <= most:
                 st.small.append(i)
                 st.arrays.append(a)
-                names = self.unsegmented[i]
+                names = unsegmented[i]
             else:
-                names = self.taps[i].sketches
+                names = taps[i].sketches
             if names:
                 st.rest.append((i, names, a))
 

@@ -174,9 +174,9 @@ class PackLayout:
         # ("copied", name, rank), an in-graph tap's ("tap", its vector, its shape, its scalars, a sample?))
         self.streams: list[tuple[str, str, list[list[tuple]]]] = []
         self.stream_of: dict[str, int] = {}  # a stream member -> its stream
-        # (stream, its ids' bytes) -> where its members lie (`packing.stream_cuts`): a model's runs take a
-        # handful of branch combinations, each cut apart in Python once
-        self.stream_cuts: dict[tuple[int, bytes], tuple] = {}
+        # (a pack's or stream's output, the bytes of its dims or ids) -> where its members lie
+        # (`packing.Unpacked._cuts`): a model's runs give each a handful, each cut apart in Python once
+        self.cuts: dict[tuple[str, bytes], tuple] = {}
         vectors: dict[str, list[str]] = {}  # a branch tap's vector -> its raws
         for entry in manifest.packed:
             out, pack = entry["output"], entry["pack"]

@@ -253,39 +253,33 @@ class Unpacked(dict):
 
     def _unpack_copied(self, out: str) -> None:
         """Every copied tensor of pack `out`, each in its shape (a view); of a branch that did not run,
-        empty tensors of shape [0, ..., 0], as their own outputs were."""
-        shapes, members, ranks = self.layout.copied[out]
-        flat = np.asarray(super().__getitem__(out))
-        dims = np.asarray(super().__getitem__(shapes)).tolist()
-        if not dims:
-            for member, rank in zip(members, ranks):
-                self[member] = flat[:0].reshape((0,) * rank)
-            return
-        at = d = 0
-        for member in members:
-            rank = dims[d]
-            shape = dims[d + 1 : d + 1 + rank]
-            n = math.prod(shape)
-            self[member] = flat[at : at + n].reshape(shape)
-            at, d = at + n, d + 1 + rank
-        if at != flat.size or d != len(dims):
-            raise ValueError(f"{out}: {flat.size} values, {len(dims)} dims where its members make {at}, {d}")
+        empty tensors of shape [0, ..., 0], as their own outputs were. Where each lies depends on the
+        pack's dims alone (`copied_cuts`, kept per dims)."""
+        shapes = self.layout.copied[out][0]
+        self._assign(out, self._cuts(out, np.asarray(super().__getitem__(shapes)), copied_cuts))
 
     def _unpack_stream(self, k: int) -> None:
         """Every member of stream `k` (`branches`): of each graph whose id it holds, cut out in turn; of
         a graph that did not run, empty (a copied tensor of shape [0, ...], a tap's shape and vector [0]).
         Where each lies depends on the ids alone (`stream_cuts`, kept per id sequence)."""
         out, ids, _ = self.layout.streams[k]
-        flat = np.asarray(super().__getitem__(out))
-        got = np.asarray(super().__getitem__(ids))
-        key = (k, got.tobytes())
-        cuts = self.layout.stream_cuts.get(key)
+        self._assign(out, self._cuts(out, np.asarray(super().__getitem__(ids)), stream_cuts))
+
+    def _cuts(self, out: str, key: np.ndarray, make) -> tuple:
+        """`make(layout, out, key as a list)`, kept on the layout per (output, key): a model's runs give a
+        pack or stream a handful of shapes or branch combinations, each cut apart in Python once."""
+        at = (out, key.tobytes())
+        cuts = self.layout.cuts.get(at)
         if cuts is None:
-            cuts = stream_cuts(self.layout, k, got.tolist())
-            if len(self.layout.stream_cuts) >= STREAM_CUTS:
-                self.layout.stream_cuts.pop(next(iter(self.layout.stream_cuts)))
-            self.layout.stream_cuts[key] = cuts
+            cuts = make(self.layout, out, key.tolist())
+            if len(self.layout.cuts) >= CUTS:
+                self.layout.cuts.pop(next(iter(self.layout.cuts)))
+            self.layout.cuts[at] = cuts
+        return cuts
+
+    def _assign(self, out: str, cuts: tuple) -> None:
         size, pieces, given = cuts
+        flat = np.asarray(super().__getitem__(out))
         if size != flat.size:
             raise ValueError(f"{out}: {flat.size} values where its members make {size}")
         for member, start, stop, shape in pieces:
@@ -311,15 +305,37 @@ class Unpacked(dict):
             self[member] = flat[start:stop]
 
 
-STREAM_CUTS = 16
-"""Id sequences of a stream whose cuts a layout keeps (silero_vad_v6 at one sample rate takes one)."""
+CUTS = 32
+"""Cuts a layout keeps (`Unpacked._cuts`): per pack or stream, its shapes or branch combinations seen
+(silero_vad_v6 at one sample rate gives one)."""
 
 
-def stream_cuts(layout: PackLayout, k: int, got: list[int]) -> tuple:
-    """Where the members of stream `k` lie when its ids read `got`: (the values' length, (member, start, stop,
-    its shape, None for a vector) per member, {a tap's shape member: its dims, read-only}). A member of a
-    graph that did not run is empty: a copied tensor of shape [0, ...], a tap's vector and dims [0]."""
-    out, _, graphs = layout.streams[k]
+def copied_cuts(layout: PackLayout, out: str, dims: list[int]) -> tuple:
+    """Where the copied tensors of pack `out` lie when its dims read `dims` (each member's rank, then its
+    dims; none when their branch did not run): as `stream_cuts` gives them."""
+    _, members, ranks = layout.copied[out]
+    if not dims:
+        return 0, [(member, 0, 0, (0,) * rank) for member, rank in zip(members, ranks)], {}
+    pieces, at, d = [], 0, 0
+    for member in members:
+        if d >= len(dims):
+            break
+        rank = dims[d]
+        shape = tuple(dims[d + 1 : d + 1 + rank])
+        n = math.prod(shape)
+        pieces.append((member, at, at + n, shape))
+        at, d = at + n, d + 1 + rank
+    if d != len(dims) or len(pieces) != len(members):
+        raise ValueError(f"{out}: {len(dims)} dims where its {len(members)} members make {d}")
+    return at, pieces, {}
+
+
+def stream_cuts(layout: PackLayout, out: str, got: list[int]) -> tuple:
+    """Where the members of the stream whose values are `out` lie when its ids read `got`: (the values'
+    length, (member, start, stop, its shape, None for a vector) per member, {a tap's shape member: its
+    dims, read-only}). A member of a graph that did not run is empty: a copied tensor of shape [0, ...], a
+    tap's vector and dims [0]."""
+    graphs = next(g for values, _, g in layout.streams if values == out)
     ran = [False] * len(graphs)
     records = []  # (member, its record) of the graphs that ran, in order
     d = 0
