@@ -18,7 +18,7 @@ from conftest import decoder_path, real_model_path
 from onnx_opscope import generate, zoo
 from onnx_opscope import sketch as sk
 from onnx_opscope.instrument import Rows, decode, decode_many, decode_taps, host_values, inject
-from onnx_opscope.instrument.decode import rows_of
+from onnx_opscope.instrument.decode import _plan_of, rows_of
 from onnx_opscope.run.session import RuntimeConfig, make_session
 from onnx_opscope.run.table import SCHEMA, batch_table, batches_table, encode_part
 from onnx_opscope.sketch import batched as sk_batched
@@ -65,6 +65,11 @@ CASES = {
         CPU,
     ),
     "transformer_block all, NaN, copied": (lambda: _zoo("transformer_block", nonfinite=True), ["all"], CPU),
+    "transformer_block default, NaN, copied": (
+        lambda: _zoo("transformer_block", nonfinite=True),
+        list(sk.DEFAULT_SKETCHES),
+        CPU,
+    ),
     "transformer_block all, NaN, in graph": (
         lambda: _zoo("transformer_block", nonfinite=True),
         ["all"],
@@ -135,6 +140,16 @@ def test_fast_decode_equals_the_plain_one(case, monkeypatch):
     assert _bits(pq.read_table(pa.BufferReader(part))) == _bits(pa.concat_tables(each)), case
     kinds = {_kind(t) for t in manifest.taps}
     assert kinds >= KINDS.get(case, {"graph"}), f"{case} covers {kinds}"
+    blocks = _plan_of(manifest).blocks.values()  # copied packs sketched whole, never cut apart
+    assert any(block[-1] for block in blocks) == (case in WHOLE), case
+
+
+WHOLE = {
+    "captcha_crnn copied, weights",
+    "transformer_block default, NaN, copied",
+    "transformer_block all, NaN, copied",
+}
+"""The cases whose copied pack holds small tensors sketched in the segmented pass alone (`_Plan._copied`)."""
 
 
 def _kind(tap) -> str:
@@ -145,6 +160,7 @@ KINDS = {  # what each case must hold, so that every kind of tap goes through bo
     "captcha_crnn copied, weights": {"copied", "weight"},
     "silero_vad_v6 If branches": {"copied", "graph", "weight"},
     "transformer_block all, NaN, copied": {"copied", "weight"},
+    "transformer_block default, NaN, copied": {"copied", "weight"},
     "if_model": {"copied", "weight"},
     "loop stacked": {"stacked"},
     "scan stacked": {"stacked"},

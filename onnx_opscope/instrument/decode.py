@@ -340,13 +340,18 @@ class _Plan:
         # empty when its branch did not run: its members are then not cut out of the pack at all
         packs = manifest.layout if manifest.packed else None
         self.copied_io = []
+        in_packs: dict[str, list] = {}  # a copied pack's output -> its members' entries, in its order
         for i in self.copied:
             t = taps[i]
             pack = packs.copied_in.get(t.outputs["tensor"]) if packs is not None else None
             marker = t.outputs.get("shape") or (packs.copied[pack][0] if pack is not None else None)
-            self.copied_io.append(
-                (i, t.outputs["tensor"], marker, bool(t.graph) and "shape" not in t.outputs)
-            )
+            io = (i, t.outputs["tensor"], marker, bool(t.graph) and "shape" not in t.outputs)
+            (self.copied_io if pack is None else in_packs.setdefault(pack, [])).append(io)
+        # per copied pack: (its values, its shapes, its members' entries in pack order, their tap indices)
+        self.copied_packs = [
+            (out, packs.copied[out][0], ios, [io[0] for io in ios]) for out, ios in in_packs.items()
+        ]
+        self.blocks: dict[tuple[str, bytes], tuple] = {}  # (pack, its dims' bytes) -> `_block`
         self.infos = {i: taps[i].info() for i in self.copied}
         # per copied tap, its sketches with no segmented form: listed once, not every batch (~2 µs a tap)
         self.unsegmented = {
@@ -446,10 +451,49 @@ class _Plan:
 
     def _copied(self, outputs, st: _Batch) -> None:
         """The copied taps that ran: the small ones kept for the segmented pass, their other sketches (and a
-        larger one's) for `rows_group` to compute through `sketch.grouped_references`."""
+        larger one's) for `rows_group` to compute through `sketch.grouped_references`. A copied pack whose
+        members are all small and all sketched there goes to the segmented pass whole, never cut apart."""
+        for out, shapes, ios, idx in self.copied_packs:
+            dims = np.asarray(outputs[shapes])
+            if not dims.size:  # its branch did not run
+                continue
+            sizes, at, rest, whole = self._block(outputs, out, dims, idx)
+            if not whole:
+                self._copied_one_by_one(outputs, st, ios)
+                continue
+            values = np.asarray(outputs[out])
+            if values.size != sizes.sum():
+                raise ValueError(f"{out}: {values.size} values where its members make {sizes.sum()}")
+            for i, shape in at:
+                st.shapes[i] = shape
+            st.small.extend(idx)
+            st.arrays.append((values, sizes))
+            for i, start, stop, shape, names in rest:  # their sketches with no segmented form
+                st.rest.append((i, names, values[start:stop].reshape(shape)))
+        self._copied_one_by_one(outputs, st, self.copied_io)
+
+    def _block(self, outputs, out: str, dims: np.ndarray, idx: list[int]) -> tuple:
+        """Copied pack `out` at these dims, worked out once per dims: its members' sizes, (tap index, shape) of
+        each, (tap index, start, stop, shape, sketches) of those with sketches the segmented pass has no form
+        for, and whether all are small (non-empty, at most a sample): then the pack is sketched whole."""
+        key = (out, dims.tobytes())
+        got = self.blocks.get(key)
+        if got is None:
+            pieces = outputs.copied_pieces(out)
+            sizes = np.array([stop - start for _, start, stop, _ in pieces], np.int64)
+            whole = bool(((sizes > 0) & (sizes <= self.opts.sample_size)).all())
+            members = list(zip(idx, pieces, strict=True))
+            rest = [(i, start, stop, shape, self.unsegmented[i]) for i, (_, start, stop, shape) in members]
+            got = (sizes, [(i, piece[3]) for i, piece in members], [r for r in rest if r[4]], whole)
+            if len(self.blocks) >= 4 * len(self.copied_packs):
+                self.blocks.pop(next(iter(self.blocks)))
+            self.blocks[key] = got
+        return got
+
+    def _copied_one_by_one(self, outputs, st: _Batch, ios: list) -> None:
         most, unsegmented, taps, shapes = self.opts.sample_size, self.unsegmented, self.taps, st.shapes
         ran: dict[str, bool] = {}  # a pack's shapes: one marker for all its members
-        for i, tensor, marker, by_dims in self.copied_io:  # `_copied_ran`, its names looked up once
+        for i, tensor, marker, by_dims in ios:  # `_copied_ran`, its names looked up once
             if marker is not None:
                 went = ran.get(marker)
                 if went is None:

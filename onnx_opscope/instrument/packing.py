@@ -258,6 +258,12 @@ class Unpacked(dict):
         shapes = self.layout.copied[out][0]
         self._assign(out, self._cuts(out, np.asarray(super().__getitem__(shapes)), copied_cuts))
 
+    def copied_pieces(self, out: str) -> list[tuple]:
+        """(member, start, stop, shape) of each copied tensor of pack `out` in this run, not cut out (the
+        decode sketches a pack of small tensors whole: `decode._Plan._copied`)."""
+        shapes = self.layout.copied[out][0]
+        return self._cuts(out, np.asarray(super().__getitem__(shapes)), copied_cuts)[1]
+
     def _unpack_stream(self, k: int) -> None:
         """Every member of stream `k` (`branches`): of each graph whose id it holds, cut out in turn; of
         a graph that did not run, empty (a copied tensor of shape [0, ...], a tap's shape and vector [0]).

@@ -52,36 +52,49 @@ SEGMENT_VALUES = 1 << 15
 kernel faults in page by page: half of the pass. Passes over ~32k values stay in the heap (and in L2)."""
 
 
-def segmented_flat(arrays: list[np.ndarray], wanted: set[str], o: SketchOptions) -> dict[str, Flat]:
+Segments = np.ndarray | tuple[np.ndarray, np.ndarray]
+"""A tensor, or a block of tensors laid end to end in one float32 vector with their sizes (a copied pack)."""
+
+
+def segmented_flat(arrays: list[Segments], wanted: set[str], o: SketchOptions) -> dict[str, Flat]:
     """`segmented`, each sketch's values of all the tensors in one array (`Flat`): what the decoding of a
-    batch puts in its value column without a Python step per tensor. Tensors of more than
-    `SEGMENT_VALUES` values in all go through in several passes, whose values are laid end to end."""
-    cut, total = [0], 0
-    for i, a in enumerate(arrays):
-        if total and total + a.size > SEGMENT_VALUES:
-            cut.append(i)
-            total = 0
-        total += a.size
-    if len(cut) == 1:
-        return _segmented_pass(arrays, wanted, o)
-    cut.append(len(arrays))
-    parts = [_segmented_pass(arrays[i:j], wanted, o) for i, j in itertools.pairwise(cut)]
+    batch puts in its value column without a Python step per tensor. An entry of `arrays` may be a block
+    of tensors already end to end, (float32 values, sizes): a copied pack, never cut apart. Tensors of
+    more than `SEGMENT_VALUES` values in all go through in several passes, whose values are laid end to end."""
+    x32, n = _values(arrays)
+    ends = np.cumsum(n)
+    cut = [0]
+    while cut[-1] < n.size:  # the next pass: whole tensors up to SEGMENT_VALUES values (one at least)
+        done = ends[cut[-1] - 1] if cut[-1] else 0
+        cut.append(max(cut[-1] + 1, int(np.searchsorted(ends, done + SEGMENT_VALUES, side="right"))))
+    if len(cut) <= 2:
+        return _segmented_pass(x32, n, wanted, o)
+    starts = np.concatenate([[0], ends])
+    parts = [
+        _segmented_pass(x32[starts[i] : starts[j]], n[i:j], wanted, o) for i, j in itertools.pairwise(cut)
+    ]
     return {
         name: (np.concatenate([p[name][0] for p in parts]), np.concatenate([p[name][1] for p in parts]))
         for name in parts[0]
     }
 
 
-def _segmented_pass(arrays: list[np.ndarray], wanted: set[str], o: SketchOptions) -> dict[str, Flat]:
-    """`segmented_flat` in one pass. When every value is finite (the usual case) the masking passes are
-    left out: the same values, ~40% less work."""
-    # float32 when every dtype is exact in float32 (float32, float16, int8, bool, ...); else each
-    # array is cast on its own, as the graph sees it (an int64 cast through float64 could round twice)
-    x32 = np.concatenate(arrays, axis=None)
+def _values(arrays: list[Segments]) -> tuple[np.ndarray, np.ndarray]:
+    """Every tensor's values end to end as float32, and each one's size. float32 when every dtype is exact in
+    float32 (float32, float16, int8, bool, ...); else each tensor is cast on its own, as the graph sees it
+    (an int64 cast through float64 could round twice)."""
+    chunks = [a[0] if isinstance(a, tuple) else a for a in arrays]
+    n = np.concatenate([a[1] if isinstance(a, tuple) else [a.size] for a in arrays]).astype(np.int64)
+    x32 = np.concatenate(chunks, axis=None)
     if x32.dtype != np.float32:
-        x32 = np.concatenate([np.asarray(a).astype(np.float32).ravel() for a in arrays])
+        x32 = np.concatenate([np.asarray(a).astype(np.float32).ravel() for a in chunks])
+    return x32, n
+
+
+def _segmented_pass(x32: np.ndarray, n: np.ndarray, wanted: set[str], o: SketchOptions) -> dict[str, Flat]:
+    """`segmented_flat` in one pass over tensors of sizes `n` end to end in `x32`. When every value is finite
+    (the usual case) the masking passes are left out: the same values, ~40% less work."""
     x = x32.astype(np.float64)
-    n = np.array([a.size for a in arrays], np.int64)
     starts = np.cumsum(n) - n
     fin = np.isfinite(x)
     clean = bool(fin.all())
