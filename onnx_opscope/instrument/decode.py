@@ -340,18 +340,29 @@ class _Plan:
         # empty when its branch did not run: its members are then not cut out of the pack at all
         packs = manifest.layout if manifest.packed else None
         self.copied_io = []
-        in_packs: dict[str, list] = {}  # a copied pack's output -> its members' entries, in its order
+        # a copied pack's or a stream's values -> its copied members' entries, in its order
+        blocks: dict[str, list] = {}
         for i in self.copied:
             t = taps[i]
             pack = packs.copied_in.get(t.outputs["tensor"]) if packs is not None else None
             marker = t.outputs.get("shape") or (packs.copied[pack][0] if pack is not None else None)
             io = (i, t.outputs["tensor"], marker, bool(t.graph) and "shape" not in t.outputs)
-            (self.copied_io if pack is None else in_packs.setdefault(pack, [])).append(io)
-        # per copied pack: (its values, its shapes, its members' entries in pack order, their tap indices)
-        self.copied_packs = [
-            (out, packs.copied[out][0], ios, [io[0] for io in ios]) for out, ios in in_packs.items()
+            k = packs.stream_of.get(t.outputs["tensor"]) if packs is not None and pack is None else None
+            source = pack if pack is not None else packs.streams[k][0] if k is not None else None
+            (self.copied_io if source is None else blocks.setdefault(source, [])).append(io)
+        # per copied pack and stream: (its values, its shapes or ids: empty when it did not run, its copied
+        # members' entries in its order)
+        self.copied_blocks = [
+            (
+                out,
+                packs.copied[out][0]
+                if out in packs.copied
+                else next(i for v, i, _ in packs.streams if v == out),
+                ios,
+            )
+            for out, ios in blocks.items()
         ]
-        self.blocks: dict[tuple[str, bytes], tuple] = {}  # (pack, its dims' bytes) -> `_block`
+        self.blocks: dict[tuple[str, bytes], tuple] = {}  # (values, the bytes of its dims or ids) -> `_block`
         self.infos = {i: taps[i].info() for i in self.copied}
         # per copied tap, its sketches with no segmented form: listed once, not every batch (~2 µs a tap)
         self.unsegmented = {
@@ -451,41 +462,70 @@ class _Plan:
 
     def _copied(self, outputs, st: _Batch) -> None:
         """The copied taps that ran: the small ones kept for the segmented pass, their other sketches (and a
-        larger one's) for `rows_group` to compute through `sketch.grouped_references`. A copied pack whose
-        members are all small and all sketched there goes to the segmented pass whole, never cut apart."""
-        for out, shapes, ios, idx in self.copied_packs:
-            dims = np.asarray(outputs[shapes])
-            if not dims.size:  # its branch did not run
+        larger one's) for `rows_group` to compute through `sketch.grouped_references`. The copied tensors of
+        a pack or an `If` stream that are all small go to the segmented pass as one block of values (a
+        pack's as it is, a stream's gathered), never cut into one array each."""
+        for out, key, ios in self.copied_blocks:
+            ids = np.asarray(outputs[key])
+            if not ids.size:  # a pack whose branch did not run, a stream of no branch
                 continue
-            sizes, at, rest, whole = self._block(outputs, out, dims, idx)
-            if not whole:
+            size, gather, sizes, at, small, rest = self._block(outputs, out, ids, ios)
+            if sizes is None:  # a member too big, or empty: each on its own
                 self._copied_one_by_one(outputs, st, ios)
                 continue
-            values = np.asarray(outputs[out])
-            if values.size != sizes.sum():
-                raise ValueError(f"{out}: {values.size} values where its members make {sizes.sum()}")
+            flat = np.asarray(outputs[out])
+            if flat.size != size:
+                raise ValueError(f"{out}: {flat.size} values where its members make {size}")
             for i, shape in at:
                 st.shapes[i] = shape
-            st.small.extend(idx)
-            st.arrays.append((values, sizes))
+            if small:
+                st.small.extend(small)
+                st.arrays.append((flat if gather is None else flat[gather], sizes))
             for i, start, stop, shape, names in rest:  # their sketches with no segmented form
-                st.rest.append((i, names, values[start:stop].reshape(shape)))
+                st.rest.append((i, names, flat[start:stop].reshape(shape)))
         self._copied_one_by_one(outputs, st, self.copied_io)
 
-    def _block(self, outputs, out: str, dims: np.ndarray, idx: list[int]) -> tuple:
-        """Copied pack `out` at these dims, worked out once per dims: its members' sizes, (tap index, shape) of
-        each, (tap index, start, stop, shape, sketches) of those with sketches the segmented pass has no form
-        for, and whether all are small (non-empty, at most a sample): then the pack is sketched whole."""
-        key = (out, dims.tobytes())
+    def _block(self, outputs, out: str, ids: np.ndarray, ios: list) -> tuple:
+        """The copied members of pack or stream `out` when its dims or ids read `ids`, worked out once per
+        ids: (its values' length, the positions of its members' values when they are not all of them (a
+        stream) else None, their sizes (None: a member that ran is empty or larger than a sample, so each
+        goes on its own), (tap index, shape) of each member that ran, their tap indices, (tap index, start,
+        stop, shape, sketches) of those with sketches the segmented pass has no form for)."""
+        key = (out, ids.tobytes())
         got = self.blocks.get(key)
         if got is None:
-            pieces = outputs.copied_pieces(out)
-            sizes = np.array([stop - start for _, start, stop, _ in pieces], np.int64)
-            whole = bool(((sizes > 0) & (sizes <= self.opts.sample_size)).all())
-            members = list(zip(idx, pieces, strict=True))
-            rest = [(i, start, stop, shape, self.unsegmented[i]) for i, (_, start, stop, shape) in members]
-            got = (sizes, [(i, piece[3]) for i, piece in members], [r for r in rest if r[4]], whole)
-            if len(self.blocks) >= 4 * len(self.copied_packs):
+            size, pieces = outputs.cuts_of(out)
+            where = {member: (start, stop, shape) for member, start, stop, shape in pieces}
+            ran = []
+            for i, tensor, _, by_dims in ios:  # as `_copied_one_by_one` reads them
+                start, stop, shape = where[tensor]
+                if not (by_dims and shape and not any(shape)):
+                    ran.append((i, start, stop, shape))
+            sizes = np.array([stop - start for _, start, stop, _ in ran], np.int64)
+            small = bool(((sizes > 0) & (sizes <= self.opts.sample_size)).all())
+            spans = [(start, stop) for _, start, stop, _ in ran]
+            gather = None
+            if (
+                spans != list(zip([0, *sizes.cumsum()[:-1].tolist()], sizes.cumsum().tolist()))
+                or sizes.sum() != size
+            ):
+                gather = (
+                    np.concatenate([np.arange(a, b) for a, b in spans]) if spans else np.zeros(0, np.int64)
+                )
+            rest = [
+                (i, start, stop, shape, self.unsegmented[i])
+                for i, start, stop, shape in ran
+                if self.unsegmented[i]
+            ]
+            got = (
+                size,
+                gather,
+                sizes if small else None,
+                [(i, shape) for i, _, _, shape in ran],
+                [i for i, *_ in ran],
+                rest,
+            )
+            if len(self.blocks) >= 4 * len(self.copied_blocks):
                 self.blocks.pop(next(iter(self.blocks)))
             self.blocks[key] = got
         return got

@@ -258,11 +258,16 @@ class Unpacked(dict):
         shapes = self.layout.copied[out][0]
         self._assign(out, self._cuts(out, np.asarray(super().__getitem__(shapes)), copied_cuts))
 
-    def copied_pieces(self, out: str) -> list[tuple]:
-        """(member, start, stop, shape) of each copied tensor of pack `out` in this run, not cut out (the
-        decode sketches a pack of small tensors whole: `decode._Plan._copied`)."""
-        shapes = self.layout.copied[out][0]
-        return self._cuts(out, np.asarray(super().__getitem__(shapes)), copied_cuts)[1]
+    def cuts_of(self, out: str) -> tuple[int, list[tuple]]:
+        """(the values' length, (member, start, stop, shape or None) of each member) of copied pack or stream
+        `out` in this run, not cut out: the decode sketches small copied tensors as one block
+        (`decode._Plan._copied`)."""
+        if out in self.layout.copied:
+            cuts = self._cuts(out, np.asarray(super().__getitem__(self.layout.copied[out][0])), copied_cuts)
+        else:
+            ids = next(i for values, i, _ in self.layout.streams if values == out)
+            cuts = self._cuts(out, np.asarray(super().__getitem__(ids)), stream_cuts)
+        return cuts[0], cuts[1]
 
     def _unpack_stream(self, k: int) -> None:
         """Every member of stream `k` (`branches`): of each graph whose id it holds, cut out in turn; of
