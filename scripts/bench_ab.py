@@ -94,6 +94,17 @@ def time_paired(paths: list[Path], feeds: dict, rounds: int, runs: int) -> list[
     return times
 
 
+def positive(text: str) -> int:
+    """An argparse type: a whole number of at least 1 (a round, a run, a session)."""
+    try:
+        n = int(text)
+    except ValueError:
+        n = 0
+    if n < 1:
+        raise argparse.ArgumentTypeError(f"{text!r}: give a whole number of at least 1")
+    return n
+
+
 def time_sessions(paths: list[Path], feeds: dict, rounds: int, runs: int, sessions: int) -> list[np.ndarray]:
     """`time_paired` with every model but the first (plain) in `sessions` sessions, the sessions of all the
     models in turn within each round: per model but plain, a [sessions, rounds] array of × plain; plain's
@@ -122,9 +133,9 @@ def main(argv: list[str] | None = None) -> int:
         "--models", default="ppocrv4_det,bert_like", help="bench.py's model names, comma-separated"
     )
     p.add_argument("--sketch", default="default", help="sketch names, comma-separated, or default")
-    p.add_argument("--rounds", type=int, default=40, help="alternations (default 40)")
-    p.add_argument("--runs", type=int, default=3, help="runs per model and round (default 3)")
-    p.add_argument("--sessions", type=int, default=3, help="sessions per side, alternating (default 3)")
+    p.add_argument("--rounds", type=positive, default=40, help="alternations (default 40)")
+    p.add_argument("--runs", type=positive, default=3, help="runs per model and round (default 3)")
+    p.add_argument("--sessions", type=positive, default=3, help="sessions per side, alternating (default 3)")
     p.add_argument(
         "--quick", action="store_true", help="bench.py's quick models (a smoke run; never judge by it)"
     )

@@ -36,7 +36,7 @@ import onnx
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 import bench  # noqa: E402 - sibling scripts: the models, feeds and ops bench.py measures
-from bench_ab import spread, time_sessions  # noqa: E402
+from bench_ab import positive, spread, time_sessions  # noqa: E402
 from bench_peers import FLOOR_READERS, in_graph_tensors, with_readers  # noqa: E402
 
 ALL = ("min", "max", "mean", "sumsq", "nan_count", "inf_count", "hist", "elemsig", "l1", "nnz", "kurtosis",
@@ -82,9 +82,11 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument(
         "--sketch-costs", action="store_true", help="what each sketch of --sketch all adds, not the floor"
     )
-    p.add_argument("--rounds", type=int, default=20, help="alternations (default 20)")
-    p.add_argument("--runs", type=int, default=3, help="runs per variant and round (default 3)")
-    p.add_argument("--sessions", type=int, default=2, help="sessions per variant, alternating (default 2)")
+    p.add_argument("--rounds", type=positive, default=20, help="alternations (default 20)")
+    p.add_argument("--runs", type=positive, default=3, help="runs per variant and round (default 3)")
+    p.add_argument(
+        "--sessions", type=positive, default=2, help="sessions per variant, alternating (default 2)"
+    )
     p.add_argument(
         "--quick", action="store_true", help="bench.py's quick models (a smoke run; never judge by it)"
     )
