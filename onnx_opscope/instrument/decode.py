@@ -352,16 +352,7 @@ class _Plan:
             (self.copied_io if source is None else blocks.setdefault(source, [])).append(io)
         # per copied pack and stream: (its values, its shapes or ids: empty when it did not run, its copied
         # members' entries in its order)
-        self.copied_blocks = [
-            (
-                out,
-                packs.copied[out][0]
-                if out in packs.copied
-                else next(i for v, i, _ in packs.streams if v == out),
-                ios,
-            )
-            for out, ios in blocks.items()
-        ]
+        self.copied_blocks = [(out, packs.key_of(out), ios) for out, ios in blocks.items()]
         self.blocks: dict[tuple[str, bytes], tuple] = {}  # (values, the bytes of its dims or ids) -> `_block`
         self.infos = {i: taps[i].info() for i in self.copied}
         # per copied tap, its sketches with no segmented form: listed once, not every batch (~2 µs a tap)
@@ -501,17 +492,13 @@ class _Plan:
                 start, stop, shape = where[tensor]
                 if not (by_dims and shape and not any(shape)):
                     ran.append((i, start, stop, shape))
+            starts = np.array([start for _, start, _, _ in ran], np.int64)
             sizes = np.array([stop - start for _, start, stop, _ in ran], np.int64)
             small = bool(((sizes > 0) & (sizes <= self.opts.sample_size)).all())
-            spans = [(start, stop) for _, start, stop, _ in ran]
-            gather = None
-            if (
-                spans != list(zip([0, *sizes.cumsum()[:-1].tolist()], sizes.cumsum().tolist()))
-                or sizes.sum() != size
-            ):
-                gather = (
-                    np.concatenate([np.arange(a, b) for a, b in spans]) if spans else np.zeros(0, np.int64)
-                )
+            laid = np.cumsum(sizes) - sizes  # where each would start were they all of the values, in order
+            gather = None  # they are: the values as they are
+            if not (np.array_equal(starts, laid) and sizes.sum() == size):
+                gather = np.arange(sizes.sum()) + np.repeat(starts - laid, sizes)
             rest = [
                 (i, start, stop, shape, self.unsegmented[i])
                 for i, start, stop, shape in ran
@@ -531,6 +518,7 @@ class _Plan:
         return got
 
     def _copied_one_by_one(self, outputs, st: _Batch, ios: list) -> None:
+        """The copied taps of `ios` that ran, each its own array (`_copied`)."""
         most, unsegmented, taps, shapes = self.opts.sample_size, self.unsegmented, self.taps, st.shapes
         ran: dict[str, bool] = {}  # a pack's shapes: one marker for all its members
         for i, tensor, marker, by_dims in ios:  # `_copied_ran`, its names looked up once

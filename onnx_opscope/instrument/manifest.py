@@ -218,6 +218,13 @@ class PackLayout:
         self.members = set(self.pack_of)
         self.slow_members = {own for own, _, _ in self.slow[1]} if self.slow else set()
 
+    def key_of(self, out: str) -> str:
+        """The output that says how copied pack or stream `out` is cut (empty when it did not run): the pack's
+        shapes, the stream's ids."""
+        if out in self.copied:
+            return self.copied[out][0]
+        return next(ids for values, ids, _ in self.streams if values == out)
+
     def _stream(self, entry: dict, by_id: dict[str, TapRecord], vectors: dict[str, list[str]]) -> None:
         out, ids, k = entry["output"], entry["shapes"], len(self.streams)
         graphs = []

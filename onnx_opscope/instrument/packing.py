@@ -262,11 +262,8 @@ class Unpacked(dict):
         """(the values' length, (member, start, stop, shape or None) of each member) of copied pack or stream
         `out` in this run, not cut out: the decode sketches small copied tensors as one block
         (`decode._Plan._copied`)."""
-        if out in self.layout.copied:
-            cuts = self._cuts(out, np.asarray(super().__getitem__(self.layout.copied[out][0])), copied_cuts)
-        else:
-            ids = next(i for values, i, _ in self.layout.streams if values == out)
-            cuts = self._cuts(out, np.asarray(super().__getitem__(ids)), stream_cuts)
+        make = copied_cuts if out in self.layout.copied else stream_cuts
+        cuts = self._cuts(out, np.asarray(super().__getitem__(self.layout.key_of(out))), make)
         return cuts[0], cuts[1]
 
     def _unpack_stream(self, k: int) -> None:
