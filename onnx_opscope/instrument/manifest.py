@@ -175,7 +175,7 @@ class PackLayout:
         self.streams: list[tuple[str, str, list[list[tuple]]]] = []
         self.stream_of: dict[str, int] = {}  # a stream member -> its stream
         # (a pack's or stream's output, the bytes of its dims or ids) -> where its members lie
-        # (`packing.Unpacked._cuts`): a model's runs give each a handful, each cut apart in Python once
+        # (`packing.Unpacked._cuts_of`): a model's runs give each a handful, each cut apart in Python once
         self.cuts: dict[tuple[str, bytes], tuple] = {}
         vectors: dict[str, list[str]] = {}  # a branch tap's vector -> its raws
         for entry in manifest.packed:

@@ -255,30 +255,30 @@ class Unpacked(dict):
         """Every copied tensor of pack `out`, each in its shape (a view); of a branch that did not run,
         empty tensors of shape [0, ..., 0], as their own outputs were. Where each lies depends on the
         pack's dims alone (`copied_cuts`, kept per dims)."""
-        shapes = self.layout.copied[out][0]
-        self._assign(out, self._cuts(out, np.asarray(super().__getitem__(shapes)), copied_cuts))
-
-    def cuts_of(self, out: str) -> tuple[int, list[tuple]]:
-        """(the values' length, (member, start, stop, shape or None) of each member) of copied pack or stream
-        `out` in this run, not cut out: the decode sketches small copied tensors as one block
-        (`decode._Plan._copied`)."""
-        make = copied_cuts if out in self.layout.copied else stream_cuts
-        cuts = self._cuts(out, np.asarray(super().__getitem__(self.layout.key_of(out))), make)
-        return cuts[0], cuts[1]
+        self._assign(out, self._cuts_of(out))
 
     def _unpack_stream(self, k: int) -> None:
         """Every member of stream `k` (`branches`): of each graph whose id it holds, cut out in turn; of
         a graph that did not run, empty (a copied tensor of shape [0, ...], a tap's shape and vector [0]).
         Where each lies depends on the ids alone (`stream_cuts`, kept per id sequence)."""
-        out, ids, _ = self.layout.streams[k]
-        self._assign(out, self._cuts(out, np.asarray(super().__getitem__(ids)), stream_cuts))
+        out = self.layout.streams[k][0]
+        self._assign(out, self._cuts_of(out))
 
-    def _cuts(self, out: str, key: np.ndarray, make) -> tuple:
-        """`make(layout, out, key as a list)`, kept on the layout per (output, key): a model's runs give a
-        pack or stream a handful of shapes or branch combinations, each cut apart in Python once."""
+    def cuts_of(self, out: str) -> tuple[int, list[tuple]]:
+        """(the values' length, (member, start, stop, shape or None) of each member) of copied pack or stream
+        `out` in this run, not cut out: the decode sketches small copied tensors as one block
+        (`decode._Plan._copied`)."""
+        size, pieces, _ = self._cuts_of(out)
+        return size, pieces
+
+    def _cuts_of(self, out: str) -> tuple:
+        """Where the members of pack or stream `out` lie in this run (`copied_cuts`, `stream_cuts`), kept on
+        the layout per (output, dims or ids): a model's runs give each a handful, cut apart in Python once."""
+        key = np.asarray(super().__getitem__(self.layout.key_of(out)))
         at = (out, key.tobytes())
         cuts = self.layout.cuts.get(at)
         if cuts is None:
+            make = copied_cuts if out in self.layout.copied else stream_cuts
             cuts = make(self.layout, out, key.tolist())
             if len(self.layout.cuts) >= CUTS:
                 self.layout.cuts.pop(next(iter(self.layout.cuts)))
@@ -286,6 +286,7 @@ class Unpacked(dict):
         return cuts
 
     def _assign(self, out: str, cuts: tuple) -> None:
+        """Each member of `out` as its cuts say, a view of its values (checked against their length)."""
         size, pieces, given = cuts
         flat = np.asarray(super().__getitem__(out))
         if size != flat.size:
@@ -314,7 +315,7 @@ class Unpacked(dict):
 
 
 CUTS = 32
-"""Cuts a layout keeps (`Unpacked._cuts`): per pack or stream, its shapes or branch combinations seen
+"""Cuts a layout keeps (`Unpacked._cuts_of`): per pack or stream, its shapes or branch combinations seen
 (silero_vad_v6 at one sample rate gives one)."""
 
 
