@@ -12,7 +12,7 @@ set packs its scalars: a graph output costs ~2 µs a run):
 - `+ ReduceMax`: one whole-tensor reduction a tensor;
 - `+ 4 reductions`: ReduceMin, ReduceMax, ReduceSum and ReduceSumSquare, the passes the default set
   makes (its min, max, sum and finite check Σx²), with none of its structure (the If, the sample,
-  the shapes, the packs);
+  the shapes);
 - `default set`: the model as `record` instruments it.
 
 A goal under `+ 4 reductions` cannot be met by arranging the default set's nodes better on this
@@ -39,12 +39,16 @@ import bench  # noqa: E402 - sibling scripts: the models, feeds and ops bench.py
 from bench_ab import positive, spread, time_sessions  # noqa: E402
 from bench_peers import FLOOR_READERS, in_graph_tensors, with_readers  # noqa: E402
 
-ALL = ("min", "max", "mean", "sumsq", "nan_count", "inf_count", "hist", "elemsig", "l1", "nnz", "kurtosis",
-       "chan_maxabs", "chan_outlier", "pos_sumsq", "adj_sumsq")  # fmt: skip
-"""`--sketch all` on a GEMM site (the attention, head and routing sketches need sites of their kinds)."""
+from onnx_opscope.sketch import SKETCH_SETS  # noqa: E402
+
+ALL = SKETCH_SETS["all"]
+"""`--sketch all`'s sketches (the attention, head and routing ones need sites of their kinds)."""
 
 
-def instrumented(case: bench.Case, shapes: dict, sketches: list[str] | None):
+def instrumented(
+    case: bench.Case, shapes: dict, sketches: list[str] | None
+) -> tuple[onnx.ModelProto, object]:
+    """`case`'s model instrumented as `record` would on the CPU provider: (model, manifest)."""
     from onnx_opscope.instrument import inject
     from onnx_opscope.sites import Selection
     from onnx_opscope.sketch import SketchOptions, for_providers
