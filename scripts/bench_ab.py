@@ -94,6 +94,19 @@ def time_paired(paths: list[Path], feeds: dict, rounds: int, runs: int) -> list[
     return times
 
 
+def load_case(work: Path, name: str, quick: bool) -> tuple[bench.Case, dict, dict]:
+    """bench.py's model `name` written into `work`: (its case, its first batch of feeds, their shapes)."""
+    cases = bench.prepare_cases(work, quick, 1, {name})
+    if not cases or cases[0].model is None:
+        raise SystemExit(
+            f"{name}: no such benchmark model here (bench.py's names; real ones need fetch_models)"
+        )
+    case = cases[0]
+    with np.load(case.feeds) as z:
+        feeds = {k.split("/", 1)[1]: z[k] for k in z.files if k.startswith("0/")}
+    return case, feeds, {k: list(v.shape) for k, v in feeds.items()}
+
+
 def positive(text: str) -> int:
     """An argparse type: a whole number of at least 1 (a round, a run, a session)."""
     try:
@@ -152,15 +165,7 @@ def main(argv: list[str] | None = None) -> int:
     with tempfile.TemporaryDirectory() as tmp:
         work = Path(tmp)
         for name in a.models.split(","):
-            cases = bench.prepare_cases(work, a.quick, 1, {name})
-            if not cases or cases[0].model is None:
-                raise SystemExit(
-                    f"{name}: no such benchmark model here (bench.py's names; real ones need fetch_models)"
-                )
-            case = cases[0]
-            with np.load(case.feeds) as z:
-                feeds = {k.split("/", 1)[1]: z[k] for k in z.files if k.startswith("0/")}
-            shapes = {k: list(v.shape) for k, v in feeds.items()}
+            case, feeds, shapes = load_case(work, name, a.quick)
             paths = [case.model]
             for side, root in (("old", a.old), ("new", a.new)):
                 paths.append(instrument(root, case, shapes, a.sketch, work / f"{name}_{side}.onnx"))

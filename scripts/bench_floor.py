@@ -36,7 +36,7 @@ import onnx
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 import bench  # noqa: E402 - sibling scripts: the models, feeds and ops bench.py measures
-from bench_ab import positive, spread, time_sessions  # noqa: E402
+from bench_ab import load_case, positive, spread, time_sessions  # noqa: E402
 from bench_peers import FLOOR_READERS, in_graph_tensors, with_readers  # noqa: E402
 
 from onnx_opscope.sketch import SKETCH_SETS  # noqa: E402
@@ -102,15 +102,7 @@ def main(argv: list[str] | None = None) -> int:
     with tempfile.TemporaryDirectory() as tmp:
         work = Path(tmp)
         for name in a.models.split(","):
-            cases = bench.prepare_cases(work, a.quick, 1, {name})
-            if not cases or cases[0].model is None:
-                raise SystemExit(
-                    f"{name}: no such benchmark model here (bench.py's names; real ones need fetch_models)"
-                )
-            case = cases[0]
-            with np.load(case.feeds) as z:
-                feeds = {k.split("/", 1)[1]: z[k] for k in z.files if k.startswith("0/")}
-            shapes = {k: list(v.shape) for k, v in feeds.items()}
+            case, feeds, shapes = load_case(work, name, a.quick)
             models = variants(case, shapes, a.sketch_costs)
             paths = [case.model]
             for i, m in enumerate(models.values()):

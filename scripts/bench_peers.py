@@ -294,7 +294,7 @@ def run_floor(job: dict) -> dict:
     return {
         "times": times,
         "tensors": len(tensors),
-        "note": "no tap in the main graph's own nodes" * (not tensors),
+        "note": "" if tensors else "no tap in the main graph's own nodes",
     }
 
 
