@@ -1,7 +1,8 @@
-"""Where a tap's run time goes: the floor under the default set, and what each sketch of `--sketch all` adds.
+"""Where a tap's run time goes: the floor under the default set, and what each sketch of a set adds.
 
     python scripts/bench_floor.py --models ppocrv4_det,bert_like
     python scripts/bench_floor.py --models ppocrv4_det --sketch-costs --rounds 12
+    python scripts/bench_floor.py --models ppocrv4_det,bert_like --sketch-costs default
 
 The floor: the model with the tensors the default set taps (its in-graph taps of the main graph) read
 by bare ONNX nodes and nothing else, their results leaving as one output per op (packed, as the default
@@ -17,7 +18,8 @@ set packs its scalars: a graph output costs ~2 µs a run):
 
 A goal under `+ 4 reductions` cannot be met by arranging the default set's nodes better on this
 provider. `--sketch-costs` times `--sketch all` and `--sketch all` without each sketch in turn: what
-each one costs on this model (the `cost` each sketch's registry entry quotes). Every variant is timed
+each one costs on this model (the `cost` each sketch's registry entry quotes); `--sketch-costs default`
+does the same for the default set (what a default set without one of its passes would cost). Every variant is timed
 against plain in one process, in `--sessions` sessions each (`bench_ab.time_sessions`: 1 intra-op thread,
 the tapped models in priority order as `record` runs them; one session of a model can sit ~5% off
 another for its whole life), × plain as a paired median with quartiles and the spread of the sessions'
@@ -41,9 +43,6 @@ from bench_peers import FLOOR_READERS, in_graph_tensors, with_readers  # noqa: E
 
 from onnx_opscope.sketch import SKETCH_SETS  # noqa: E402
 
-ALL = SKETCH_SETS["all"]
-"""`--sketch all`'s sketches (the attention, head and routing ones need sites of their kinds)."""
-
 
 def instrumented(
     case: bench.Case, shapes: dict, sketches: list[str] | None
@@ -59,8 +58,9 @@ def instrumented(
     )
 
 
-def variants(case: bench.Case, shapes: dict, sketch_costs: bool) -> dict[str, onnx.ModelProto]:
-    """label -> model to time against plain."""
+def variants(case: bench.Case, shapes: dict, sketch_costs: str | None) -> dict[str, onnx.ModelProto]:
+    """label -> model to time against plain: the floor's, or with `sketch_costs` (a set's name) the set
+    and the set without each of its sketches."""
     default, manifest = instrumented(case, shapes, None)
     tensors = in_graph_tensors(manifest)
     plain = onnx.load(str(case.model))
@@ -72,9 +72,10 @@ def variants(case: bench.Case, shapes: dict, sketch_costs: bool) -> dict[str, on
             for label, ops in FLOOR_READERS.items()
         }
         return got | {"default set": default}
-    got = {"--sketch all": instrumented(case, shapes, list(ALL))[0]}
-    for name in ALL:
-        got[f"without {name}"] = instrumented(case, shapes, [n for n in ALL if n != name])[0]
+    chosen = SKETCH_SETS[sketch_costs]
+    got = {f"--sketch {sketch_costs}": instrumented(case, shapes, list(chosen))[0]}
+    for name in chosen:
+        got[f"without {name}"] = instrumented(case, shapes, [n for n in chosen if n != name])[0]
     return got
 
 
@@ -84,7 +85,12 @@ def main(argv: list[str] | None = None) -> int:
         "--models", default="ppocrv4_det,bert_like", help="bench.py's model names, comma-separated"
     )
     p.add_argument(
-        "--sketch-costs", action="store_true", help="what each sketch of --sketch all adds, not the floor"
+        "--sketch-costs",
+        nargs="?",
+        const="all",
+        choices=sorted(SKETCH_SETS),
+        metavar="SET",
+        help="what each sketch of a set adds (all, the default, or default), not the floor",
     )
     p.add_argument("--rounds", type=positive, default=20, help="alternations (default 20)")
     p.add_argument("--runs", type=positive, default=3, help="runs per variant and round (default 3)")
@@ -95,7 +101,7 @@ def main(argv: list[str] | None = None) -> int:
         "--quick", action="store_true", help="bench.py's quick models (a smoke run; never judge by it)"
     )
     a = p.parse_args(argv)
-    what = "each sketch's cost" if a.sketch_costs else "the floor"
+    what = f"each sketch's cost in --sketch {a.sketch_costs}" if a.sketch_costs else "the floor"
     print(f"{what}; {a.rounds} rounds × {a.runs} runs × {a.sessions} sessions, 1 thread, the run alone")
     print("| model | variant | ms a run | × plain, paired median [quartiles], sessions' medians |")
     print("|---|---|---:|---:|")

@@ -16,6 +16,8 @@ import numpy as np
 import onnx
 import onnx.parser
 
+from onnx_opscope.sketch import SKETCH_SETS
+
 ROOT = Path(__file__).resolve().parent.parent
 BENCH = ROOT / "scripts" / "bench.py"
 BENCH_CALIBRATE = ROOT / "scripts" / "bench_calibrate.py"
@@ -132,7 +134,7 @@ def run_model(model, x):
 def test_floor_bench_reads_the_tapped_tensors_and_times_each_variant():
     """scripts/bench_floor.py: the readers it appends are the ops it names, one per tapped tensor and op,
     each a graph output; its table has plain, the three readers and the default set (and with
-    --sketch-costs, --sketch all and one row per sketch left out)."""
+    --sketch-costs, the set and one row per sketch of it left out)."""
     floor = _bench_module(ROOT / "scripts" / "bench_floor.py", "opscope_bench_floor")
     model = onnx.parser.parse_model(
         '<ir_version: 8, opset_import: ["" : 17]> g (float[2, 3] x) => (float[2, 3] y) '
@@ -152,7 +154,11 @@ def test_floor_bench_reads_the_tapped_tensors_and_times_each_variant():
     script = ROOT / "scripts" / "bench_floor.py"
     for extra, labels in (
         ((), ["plain", "+ Shape", "+ ReduceMax", "+ 4 reductions", "default set"]),
-        (("--sketch-costs",), ["plain", "--sketch all"] + [f"without {n}" for n in floor.ALL]),
+        (("--sketch-costs",), ["plain", "--sketch all"] + [f"without {n}" for n in SKETCH_SETS["all"]]),
+        (
+            ("--sketch-costs", "default"),
+            ["plain", "--sketch default"] + [f"without {n}" for n in SKETCH_SETS["default"]],
+        ),
     ):
         proc = subprocess.run(
             [
