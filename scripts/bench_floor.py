@@ -39,29 +39,15 @@ import onnx
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 import bench  # noqa: E402 - sibling scripts: the models, feeds and ops bench.py measures
 from bench_ab import load_case, positive, spread, time_sessions  # noqa: E402
-from bench_peers import FLOOR_READERS, in_graph_tensors, with_readers  # noqa: E402
+from bench_peers import FLOOR_READERS, in_graph_tensors, instrumented, with_readers  # noqa: E402
 
 from onnx_opscope.sketch import SKETCH_SETS  # noqa: E402
-
-
-def instrumented(
-    case: bench.Case, shapes: dict, sketches: list[str] | None
-) -> tuple[onnx.ModelProto, object]:
-    """`case`'s model instrumented as `record` would on the CPU provider: (model, manifest)."""
-    from onnx_opscope.instrument import inject
-    from onnx_opscope.sites import Selection
-    from onnx_opscope.sketch import SketchOptions, for_providers
-
-    options = for_providers(SketchOptions(), ["CPUExecutionProvider"])
-    return inject(
-        str(case.model), Selection(op_types=tuple(case.ops)), sketches, options, input_shapes=shapes
-    )
 
 
 def variants(case: bench.Case, shapes: dict, sketch_costs: str | None) -> dict[str, onnx.ModelProto]:
     """label -> model to time against plain: the floor's, or with `sketch_costs` (a set's name) the set
     and the set without each of its sketches."""
-    default, manifest = instrumented(case, shapes, None)
+    default, manifest = instrumented(str(case.model), case.ops, shapes, None)
     tensors = in_graph_tensors(manifest)
     plain = onnx.load(str(case.model))
     if not sketch_costs:
@@ -73,9 +59,11 @@ def variants(case: bench.Case, shapes: dict, sketch_costs: str | None) -> dict[s
         }
         return got | {"default set": default}
     chosen = SKETCH_SETS[sketch_costs]
-    got = {f"--sketch {sketch_costs}": instrumented(case, shapes, list(chosen))[0]}
+    got = {f"--sketch {sketch_costs}": instrumented(str(case.model), case.ops, shapes, list(chosen))[0]}
     for name in chosen:
-        got[f"without {name}"] = instrumented(case, shapes, [n for n in chosen if n != name])[0]
+        got[f"without {name}"] = instrumented(
+            str(case.model), case.ops, shapes, [n for n in chosen if n != name]
+        )[0]
     return got
 
 

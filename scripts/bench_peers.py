@@ -181,6 +181,19 @@ def run_plain(job: dict, graph_opt: str) -> dict:
     return {"times": times, "tensors": None}
 
 
+def instrumented(
+    model: str, ops: list[str], shapes: dict, sketches: list[str] | None, options: Any = None
+) -> tuple[onnx.ModelProto, Any]:
+    """`model` instrumented as `record` would on the CPU provider, its taps sized at `shapes` (the first
+    batch's): (model, manifest). `options`: a `SketchOptions` (default: the defaults)."""
+    from onnx_opscope.instrument import inject
+    from onnx_opscope.sites import Selection
+    from onnx_opscope.sketch import SketchOptions, for_providers
+
+    options = for_providers(options or SketchOptions(), ["CPUExecutionProvider"])
+    return inject(model, Selection(op_types=tuple(ops)), sketches, options, input_shapes=shapes)
+
+
 def run_opscope(
     job: dict, sketches: list[str] | None, hist_mode: str, decode_rows: bool | str = True
 ) -> dict:
@@ -188,19 +201,15 @@ def run_opscope(
     sketches into a table part (Parquet bytes, as `record` writes them) on its pipeline thread,
     overlapping the next run; batches that pile up meanwhile go as one group, as in `record`
     (`decode_rows=False` leaves the decoding out, "rows" the Parquet encoding, to show what each costs)."""
-    from onnx_opscope.instrument import host_values, inject
+    from onnx_opscope.instrument import host_values
     from onnx_opscope.run.recorder import BatchDecoder, BatchPipeline, PartMaker
     from onnx_opscope.run.session import RuntimeConfig, for_tapped, make_session
-    from onnx_opscope.sites import Selection
-    from onnx_opscope.sketch import SketchOptions, for_providers
+    from onnx_opscope.sketch import SketchOptions
 
     batches = load_batches(job["feeds"])
     options = SketchOptions(hist_mode=hist_mode, copy_out_max=job.get("copy_out_max"))
-    options = for_providers(options, ["CPUExecutionProvider"])
     shapes = {k: list(v.shape) for k, v in batches[0].items()}  # taps sized at the first batch, as `record`
-    model, manifest = inject(
-        job["model"], Selection(op_types=tuple(job["ops"])), sketches, options, input_shapes=shapes
-    )
+    model, manifest = instrumented(job["model"], job["ops"], shapes, sketches, options)
     host = host_values(
         manifest, model
     )  # weight taps: once, on the host, from the model in memory, as `record`
@@ -276,17 +285,11 @@ def in_graph_tensors(manifest: Any) -> list[str]:
 def run_floor(job: dict) -> dict:
     """The default set's floor: the tensors its in-graph main-graph taps read, each reduced by its four
     whole-tensor passes and nothing else (`with_readers`), run as `record` runs a tapped model."""
-    from onnx_opscope.instrument import inject
     from onnx_opscope.run.session import RuntimeConfig, for_tapped, make_session
-    from onnx_opscope.sites import Selection
-    from onnx_opscope.sketch import SketchOptions, for_providers
 
     batches = load_batches(job["feeds"])
-    options = for_providers(SketchOptions(), ["CPUExecutionProvider"])
     shapes = {k: list(v.shape) for k, v in batches[0].items()}
-    _, manifest = inject(
-        job["model"], Selection(op_types=tuple(job["ops"])), None, options, input_shapes=shapes
-    )
+    _, manifest = instrumented(job["model"], job["ops"], shapes, None)
     tensors = in_graph_tensors(manifest)
     read = with_readers(onnx.load(job["model"]), tensors, FLOOR_READERS["+ 4 reductions"])
     sess = make_session(read, for_tapped(RuntimeConfig()), base_dir=str(Path(job["model"]).parent))
